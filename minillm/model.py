@@ -1,0 +1,277 @@
+"""A LLaMA-style decoder: RoPE, grouped-query causal attention (SDPA), SwiGLU, no biases in linears.
+
+The norm (``ModelConfig.norm``) and where it sits (``ModelConfig.placement``) are chosen by name.
+Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minillm.norms import NORMS, build_norm
+
+PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm", "mix")
+QK_NORMS = ("none", "rmsnorm", "layernorm")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    dim: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: same as n_heads (no grouping)
+    max_seq_len: int = 256
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
+    placement: str = "pre"
+    mix_fraction: float = 0.25  # placement="mix": Post-LN in the first round(fraction * n_layers) layers
+    layers: list[dict] | None = None  # per-layer overrides: [{"placement": "post", "norm": "layernorm"}, ...]
+    qk_norm: str = "none"  # norm applied per head to queries and keys, before RoPE
+    ffn_hidden: int | None = None  # None: LLaMA's 8/3 * dim rounded up to multiple_of
+    multiple_of: int = 32
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        def fail(name: str, value, allowed: str):
+            raise ValueError(f"model.{name}={value!r} is invalid: {allowed}")
+
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                fail(name, getattr(self, name), "must be a positive integer")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.dim % self.n_heads:
+            fail("dim", self.dim, f"must be divisible by n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            fail("dim", self.dim, f"head dim dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            fail("n_kv_heads", self.n_kv_heads, f"must be a positive divisor of n_heads={self.n_heads}")
+        if self.norm not in NORMS:
+            fail("norm", self.norm, f"allowed: {', '.join(sorted(NORMS))}")
+        if self.placement not in PLACEMENTS:
+            fail("placement", self.placement, f"allowed: {', '.join(PLACEMENTS)}")
+        if self.qk_norm not in QK_NORMS:
+            fail("qk_norm", self.qk_norm, f"allowed: {', '.join(QK_NORMS)}")
+        if not 0.0 <= self.mix_fraction <= 1.0:
+            fail("mix_fraction", self.mix_fraction, "must be in [0, 1]")
+        if not self.norm_eps >= 0:
+            fail("norm_eps", self.norm_eps, "must be >= 0")
+        if self.layers is not None:
+            if len(self.layers) != self.n_layers:
+                fail("layers", self.layers, f"needs one entry per layer (n_layers={self.n_layers})")
+            for i, spec in enumerate(self.layers):
+                if set(spec) - {"placement", "norm"}:
+                    fail(f"layers[{i}]", spec, "keys allowed: placement, norm")
+                if spec.get("placement", "pre") not in PLACEMENTS[:-1]:
+                    fail(f"layers[{i}].placement", spec["placement"], f"allowed: {', '.join(PLACEMENTS[:-1])}")
+                if spec.get("norm", self.norm) not in NORMS:
+                    fail(f"layers[{i}].norm", spec["norm"], f"allowed: {', '.join(sorted(NORMS))}")
+        self.head_dim = self.dim // self.n_heads
+        if self.ffn_hidden is None:
+            self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
+
+    def layer_specs(self) -> list[tuple[str, str]]:
+        """(placement, norm) of each layer, with 'mix' and the per-layer overrides resolved."""
+        if self.layers is not None:
+            return [(s.get("placement", self.placement), s.get("norm", self.norm)) for s in self.layers]
+        if self.placement == "mix":
+            n_post = round(self.mix_fraction * self.n_layers)
+            return [("post" if i < n_post else "pre", self.norm) for i in range(self.n_layers)]
+        return [(self.placement, self.norm)] * self.n_layers
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("head_dim", None)
+        return d
+
+
+def make_norm(cfg: ModelConfig, name: str, dim: int | None = None) -> nn.Module:
+    """The one place the model builds a norm (batch-statistics norms get max_seq_len)."""
+    options = dict(cfg.norm_options)
+    if getattr(NORMS[name], "uses_positions", False):
+        options.setdefault("max_seq_len", cfg.max_seq_len)
+    return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, each (max_seq_len, head_dim // 2), fp32."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)  # (T, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., i], x[..., i + D/2]) of x (B, T, H, D) by the angle of their position."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, D/2) each
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, D/2)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads, optional QK-norm and RoPE."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        qk = cfg.qk_norm != "none"
+        self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim) if qk else nn.Identity()
+        self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim) if qk else nn.Identity()
+
+    def qk(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries (B, H, T, D) and keys (B, Hkv, T, D) as attention sees them (also used by probes)."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.wq(x).view(B, T, self.n_heads, self.head_dim))  # (B, T, H, D)
+        k = self.k_norm(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim))  # (B, T, Hkv, D)
+        return apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k = self.qk(x, cos, sin)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """One decoder layer. For each sublayer f (attention, then feed-forward):
+
+        pre       x + f(norm(x))                    GPT-2, LLaMA
+        post      norm(x + f(x))                    original Transformer
+        peri      x + norm_out(f(norm(x)))          Peri-LN / Gemma 2 "sandwich"
+        branch    x + norm(f(x))                    OLMo 2 (norm on the branch output only)
+        deepnorm  norm(alpha * x + f(x))            DeepNet, alpha = (2L)^(1/4)
+    """
+
+    def __init__(self, cfg: ModelConfig, placement: str, norm: str):
+        super().__init__()
+        self.placement = placement
+        self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
+        self.attn = Attention(cfg)
+        self.ffn = FeedForward(cfg.dim, cfg.ffn_hidden)
+        self.attn_norm, self.ffn_norm = make_norm(cfg, norm), make_norm(cfg, norm)
+        peri = placement == "peri"
+        self.attn_out_norm = make_norm(cfg, norm) if peri else None
+        self.ffn_out_norm = make_norm(cfg, norm) if peri else None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        sublayers = ((lambda h: self.attn(h, cos, sin), self.attn_norm, self.attn_out_norm),
+                     (self.ffn, self.ffn_norm, self.ffn_out_norm))
+        for f, norm, out_norm in sublayers:
+            if self.placement == "pre":
+                x = x + f(norm(x))
+            elif self.placement == "post":
+                x = norm(x + f(x))
+            elif self.placement == "peri":
+                x = x + out_norm(f(norm(x)))
+            elif self.placement == "branch":
+                x = x + norm(f(x))
+            else:  # deepnorm
+                x = norm(self.alpha * x + f(x))
+        return x
+
+
+class Transformer(nn.Module):
+    """Token embedding, blocks, final norm (when the last block does not end in one), LM head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, p, n) for p, n in cfg.layer_specs())
+        last_placement, last_norm = cfg.layer_specs()[-1]
+        ends_normed = last_placement in ("post", "deepnorm")
+        self.norm = nn.Identity() if ends_normed else make_norm(cfg, last_norm)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """All initialization lives here.
+
+        - embeddings and linears: N(0, init_std); with tied embeddings the shared matrix gets it once
+        - residual output projections (attn.wo, ffn.w2): N(0, init_std / sqrt(2 * n_layers)) (GPT-2)
+        - DeepNorm layers (Wang et al. 2022): Xavier-normal, gain beta = (8L)^(-1/4) for wv, wo, w1, w2, w3
+          and gain 1 for wq, wk
+        - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
+        """
+        cfg = self.cfg
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            elif module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        beta = (8 * cfg.n_layers) ** -0.25
+        for block in self.layers:
+            if block.placement == "deepnorm":
+                for w in (block.attn.wq, block.attn.wk):
+                    nn.init.xavier_normal_(w.weight, gain=1.0)
+                for w in (block.attn.wv, block.attn.wo, block.ffn.w1, block.ffn.w2, block.ffn.w3):
+                    nn.init.xavier_normal_(w.weight, gain=beta)
+            else:
+                nn.init.normal_(block.attn.wo.weight, mean=0.0, std=depth_std)
+                nn.init.normal_(block.ffn.w2.weight, mean=0.0, std=depth_std)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """Token ids (B, T) -> logits (B, T, vocab_size)."""
+        B, T = idx.shape
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        x = self.tok_emb(idx)  # (B, T, C)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        for block in self.layers:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
+
+    @torch.no_grad()
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Sample continuations of idx (B, T) autoregressively (no KV cache: small models only)."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.max_seq_len:])[:, -1, :].float()  # (B, V)
+            if temperature <= 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)  # (B, 1)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx

@@ -1,0 +1,247 @@
+"""The decoder: shapes, causality in train mode, attention and RoPE, placements, init, config errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm.model import PLACEMENTS, Block, ModelConfig, Transformer, apply_rope, rope_tables
+
+NORMS = ["layernorm", "rmsnorm", "batchnorm", "none"]
+V = 37
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+    return ModelConfig(**{**base, **kw})
+
+
+def tokens(B=3, T=12, seed=0):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_shape_and_param_count():
+    torch.manual_seed(0)
+    model = Transformer(tiny())
+    assert model(tokens()).shape == (3, 12, V)
+    assert model.num_params() == sum(p.numel() for p in model.parameters())
+    assert model.num_params(non_embedding=True) == model.num_params() - V * 32
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_loss_at_init_is_about_ln_vocab(norm, placement):
+    torch.manual_seed(0)
+    logits = Transformer(tiny(norm=norm, placement=placement))(tokens())
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens(seed=1).flatten())
+    assert abs(loss.item() - math.log(V)) < 0.15
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_causal_in_train_mode(norm, placement):
+    """Changing token t leaves the logits at positions < t unchanged, with batch statistics active."""
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=norm, placement=placement)).train()
+    idx, t = tokens(), 7
+    changed = idx.clone()
+    changed[:, t] = (changed[:, t] + 1) % V
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
+def test_pooled_batchnorm_leaks_the_future_in_train_mode():
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="sees later tokens"):
+        model = Transformer(tiny(norm="batchnorm", norm_options={"stats": "pooled"})).train()
+    idx = tokens()
+    changed = idx.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % V
+    leak = (model(idx)[:, :-1] - model(changed)[:, :-1]).abs().max()
+    assert leak > 1e-4  # earlier positions saw the last token through the pooled statistics
+    model.eval()  # running statistics are fixed: no leak in eval mode
+    torch.testing.assert_close(model(idx)[:, :-1], model(changed)[:, :-1], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_tiny_model_overfits_one_batch(norm, placement):
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm=norm, placement=placement, n_layers=2))
+    idx = tokens(B=4, T=16, seed=3)
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    first = None
+    for _ in range(60):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.25 * first, (first, loss.item())
+
+
+def test_attention_matches_explicit_softmax_with_grouped_heads():
+    torch.manual_seed(0)
+    cfg = tiny(n_heads=4, n_kv_heads=2)
+    attn = Transformer(cfg).layers[0].attn
+    x = torch.randn(2, 9, cfg.dim)
+    cos, sin = rope_tables(cfg.head_dim, 9, cfg.rope_theta)
+    q, k = attn.qk(x, cos, sin)  # (B, 4, T, D), (B, 2, T, D)
+    v = attn.wv(x).view(2, 9, 2, cfg.head_dim).transpose(1, 2)
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # each kv head serves 2 q heads
+    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)
+    scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, cfg.dim)
+    torch.testing.assert_close(attn(x, cos, sin), attn.wo(y), atol=1e-5, rtol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    cos, sin = rope_tables(8, 32, 10000.0)
+    q, k = torch.randn(8), torch.randn(8)
+    at = lambda v, p: apply_rope(v.view(1, 1, 1, 8).expand(1, 32, 1, 8), cos, sin)[0, p, 0]  # noqa: E731
+    s1 = at(q, 10) @ at(k, 7)
+    s2 = at(q, 20) @ at(k, 17)
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(at(q, 0), q)  # position 0 is not rotated
+    assert not torch.allclose(at(q, 10) @ at(k, 7), at(q, 10) @ at(k, 4))
+
+
+def test_block_placement_wiring_matches_its_diagram():
+    torch.manual_seed(0)
+    cfg = tiny(norm="layernorm")
+    x = torch.randn(2, 5, cfg.dim)
+    cos, sin = rope_tables(cfg.head_dim, 5, cfg.rope_theta)
+    for placement in ("pre", "post", "peri", "branch", "deepnorm"):
+        b = Block(cfg, placement, "layernorm")
+        for p in b.parameters():  # non-trivial norms
+            if p.ndim == 1:
+                p.data.uniform_(0.5, 1.5)
+        attn = lambda h: b.attn(h, cos, sin)  # noqa: E731
+        h = x
+        if placement == "pre":
+            h = h + attn(b.attn_norm(h))
+            h = h + b.ffn(b.ffn_norm(h))
+        elif placement == "post":
+            h = b.attn_norm(h + attn(h))
+            h = b.ffn_norm(h + b.ffn(h))
+        elif placement == "peri":
+            h = h + b.attn_out_norm(attn(b.attn_norm(h)))
+            h = h + b.ffn_out_norm(b.ffn(b.ffn_norm(h)))
+        elif placement == "branch":
+            h = h + b.attn_norm(attn(h))
+            h = h + b.ffn_norm(b.ffn(h))
+        else:
+            a = (2 * cfg.n_layers) ** 0.25
+            h = b.attn_norm(a * h + attn(h))
+            h = b.ffn_norm(a * h + b.ffn(h))
+        torch.testing.assert_close(b(x, cos, sin), h)
+
+
+def test_final_norm_only_when_the_last_block_does_not_end_normalized():
+    assert isinstance(Transformer(tiny(placement="post")).norm, torch.nn.Identity)
+    assert isinstance(Transformer(tiny(placement="deepnorm")).norm, torch.nn.Identity)
+    for p in ("pre", "peri", "branch", "mix"):
+        assert not isinstance(Transformer(tiny(placement=p)).norm, torch.nn.Identity)
+
+
+def test_mix_puts_post_ln_in_exactly_the_first_layers():
+    cfg = tiny(n_layers=8, placement="mix", mix_fraction=0.25)
+    assert [b.placement for b in Transformer(cfg).layers] == ["post"] * 2 + ["pre"] * 6
+    assert [p for p, _ in tiny(n_layers=4, placement="mix", mix_fraction=0.5).layer_specs()] == [
+        "post", "post", "pre", "pre"]
+
+
+def test_per_layer_override_sets_placement_and_norm():
+    layers = [{"placement": "post", "norm": "layernorm"}, {"norm": "batchnorm"}]
+    model = Transformer(tiny(layers=layers, placement="pre", norm="rmsnorm"))
+    b0, b1 = model.layers
+    assert (b0.placement, type(b0.attn_norm).__name__) == ("post", "LayerNorm")
+    assert (b1.placement, type(b1.attn_norm).__name__) == ("pre", "BatchNorm")
+
+
+def test_init_scales_residual_projections_by_depth():
+    torch.manual_seed(0)
+    cfg = tiny(dim=128, n_layers=8, n_heads=4, n_kv_heads=4)
+    m = Transformer(cfg)
+    std = lambda w: w.weight.std().item()  # noqa: E731
+    assert abs(std(m.layers[0].attn.wq) - 0.02) < 0.002
+    assert abs(std(m.layers[0].attn.wo) - 0.02 / math.sqrt(16)) < 0.0006
+    assert abs(std(m.layers[3].ffn.w2) - 0.02 / math.sqrt(16)) < 0.0006
+    assert all(torch.all(b.attn_norm.weight == 1) for b in m.layers)
+
+
+def test_deepnorm_alpha_and_beta_for_depth():
+    torch.manual_seed(0)
+    L = 6
+    m = Transformer(tiny(dim=128, n_layers=L, n_heads=4, n_kv_heads=4, placement="deepnorm"))
+    b = m.layers[2]
+    assert b.alpha == pytest.approx((2 * L) ** 0.25)
+    beta = (8 * L) ** -0.25
+    xavier = lambda w: math.sqrt(2 / sum(w.weight.shape))  # noqa: E731
+    for w in (b.attn.wv, b.attn.wo, b.ffn.w1, b.ffn.w2):
+        assert w.weight.std().item() == pytest.approx(beta * xavier(w), rel=0.08)
+    assert b.attn.wq.weight.std().item() == pytest.approx(xavier(b.attn.wq), rel=0.08)
+
+
+def test_tied_embeddings_share_one_matrix():
+    m = Transformer(tiny(tie_embeddings=True))
+    assert m.lm_head.weight is m.tok_emb.weight
+    assert m.num_params() == Transformer(tiny()).num_params() - V * 32
+
+
+@pytest.mark.parametrize("qk_norm", ["rmsnorm", "layernorm"])
+def test_qk_norm_normalizes_each_head_before_rope(qk_norm):
+    torch.manual_seed(0)
+    cfg = tiny(qk_norm=qk_norm)
+    attn = Transformer(cfg).layers[0].attn
+    x = torch.randn(2, 5, cfg.dim) * 30
+    cos, sin = torch.ones(5, cfg.head_dim // 2), torch.zeros(5, cfg.head_dim // 2)  # RoPE off
+    q, k = attn.qk(x, cos, sin)
+    rms = q.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=1e-3)
+    assert k.shape == (2, cfg.n_kv_heads, 5, cfg.head_dim)
+
+
+def test_greedy_generation_is_deterministic_and_extends():
+    torch.manual_seed(0)
+    m = Transformer(tiny()).eval()
+    a = m.generate(tokens(B=1, T=3), 20, temperature=0)
+    assert a.shape == (1, 23) and torch.equal(a, m.generate(tokens(B=1, T=3), 20, temperature=0))
+    s = m.generate(tokens(B=2, T=3), 5, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
+    assert s.shape == (2, 8)
+
+
+def test_too_long_input_is_an_error():
+    with pytest.raises(ValueError, match="exceeds model.max_seq_len=16"):
+        Transformer(tiny())(tokens(T=17))
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(dim=30, n_heads=4), r"model.dim=30 is invalid: must be divisible by n_heads=4"),
+        (dict(dim=12, n_heads=4), r"model.dim=12 .* head dim .*=3 must be even"),
+        (dict(n_heads=4, n_kv_heads=3), r"model.n_kv_heads=3 is invalid: must be a positive divisor of n_heads=4"),
+        (dict(norm="groupnorm"), r"model.norm='groupnorm' is invalid: allowed: batchnorm, .*layernorm"),
+        (dict(placement="middle"), r"model.placement='middle' is invalid: allowed: pre, post"),
+        (dict(vocab_size=0), r"model.vocab_size=0 is invalid: must be a positive integer"),
+        (dict(qk_norm="l2"), r"model.qk_norm='l2' is invalid"),
+        (dict(mix_fraction=1.5), r"model.mix_fraction=1.5 is invalid"),
+        (dict(layers=[{}]), r"model.layers=.* needs one entry per layer \(n_layers=2\)"),
+        (dict(layers=[{"placement": "mix"}, {}]), r"model.layers\[0\].placement='mix' is invalid"),
+    ],
+)
+def test_config_errors_name_field_value_and_what_is_allowed(kw, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**kw)
+
+
+def test_norm_options_reach_every_norm():
+    m = Transformer(tiny(norm="layernorm", norm_options={"eps_mode": "outside", "bias": False}))
+    norms = [m.norm] + [n for b in m.layers for n in (b.attn_norm, b.ffn_norm)]
+    assert all(n.eps_mode == "outside" and n.bias is None for n in norms)
+    with pytest.raises(ValueError, match="does not take option"):
+        Transformer(tiny(norm="rmsnorm", norm_options={"momentum": 0.1}))
