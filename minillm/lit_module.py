@@ -1,0 +1,126 @@
+"""LightningModule: next-token loss, metrics, AdamW parameter groups and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minillm.model import ModelConfig, Transformer
+
+SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+
+
+def lr_lambda(kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
+    """Multiplier of the peak lr at a step: linear warmup, then cosine / linear decay to min_lr_ratio,
+    constant, or inverse square root (1 / sqrt(step / warmup))."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"scheduler.kind={kind!r} is invalid; allowed: {', '.join(SCHEDULES)}")
+    if warmup_steps < 0 or total_steps <= 0:
+        raise ValueError(f"scheduler needs warmup_steps >= 0 and total_steps > 0, got {warmup_steps}, {total_steps}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        if kind == "inverse_sqrt":
+            return math.sqrt(max(warmup_steps, 1) / (step + 1))
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
+        return min_lr_ratio + (1 - min_lr_ratio) * shape
+
+    return factor
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, kind: str = "cosine", warmup_steps: int = 100,
+                    total_steps: int = 1000, min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step LambdaLR (the Hydra config passes it as a partial)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps, min_lr_ratio))
+
+
+class LitLM(L.LightningModule):
+    """Trains ``Transformer(model)`` on (x, y) token windows.
+
+    Weight decay applies to the matrices of linear layers; norm gains/biases (every 0-D and 1-D
+    parameter) and the token embedding get it only when ``decay_norms`` / ``decay_embeddings`` say so.
+    """
+
+    def __init__(self, model: ModelConfig | dict, optimizer: Callable | None = None,
+                 scheduler: Callable | None = None, decay_norms: bool = False, decay_embeddings: bool = False,
+                 z_loss: float = 0.0, compile: bool = False):
+        super().__init__()
+        model = ModelConfig(**model) if isinstance(model, dict) else model
+        # plain values only, so checkpoints load with torch.load(weights_only=True)
+        self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"], logger=False)
+        self.hparams["model"] = model.to_dict()
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.model = Transformer(model)
+        if compile:
+            self.model.compile()  # in place: state_dict keys unchanged
+        self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
+
+    def setup(self, stage: str) -> None:
+        tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
+        self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.model(idx)
+
+    def loss(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross entropy in fp32 (+ optional z-loss, coefficient * mean(log Z ** 2)); returns (loss, ce)."""
+        logits = logits.float().flatten(0, 1)  # (B*T, V)
+        ce = F.cross_entropy(logits, y.flatten())
+        if not self.hparams.z_loss:
+            return ce, ce
+        log_z = torch.logsumexp(logits, dim=-1)  # (B*T,)
+        return ce + self.hparams.z_loss * log_z.pow(2).mean(), ce
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch  # (B, T) each
+        loss, ce = self.loss(self(x), y)
+        self.log("train/loss", ce, prog_bar=True)
+        if self.hparams.z_loss:
+            self.log("train/loss_with_z", loss)
+        self.log("train/tokens", float((self.global_step + 1) * x.numel() * self.trainer.world_size
+                                       * self.trainer.accumulate_grad_batches))
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+        x, y = batch
+        _, ce = self.loss(self(x), y)
+        self.log(f"{stage}/loss", ce, prog_bar=stage == "val", sync_dist=True, batch_size=x.numel())
+        self.log(f"{stage}/ppl", ce.exp(), sync_dist=True, batch_size=x.numel())
+        if self.bits_per_token:
+            self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True, batch_size=x.numel())
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def param_groups(self) -> list[dict]:
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            is_norm = p.ndim < 2
+            is_emb = name.startswith("tok_emb.")
+            skip = (is_norm and not self.hparams.decay_norms) or (is_emb and not self.hparams.decay_embeddings)
+            (no_decay if skip else decay).append(p)
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def configure_optimizers(self):
+        if self.optimizer_factory is None:
+            raise ValueError("LitLM needs an optimizer factory to train, e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
+        optimizer = self.optimizer_factory(self.param_groups())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

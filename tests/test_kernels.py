@@ -1,0 +1,458 @@
+"""Fused Triton RMSNorm against a float64 reference: forward, dx and dW, odd shapes, strides, dtypes, ops.
+
+Without a GPU the kernels run on Triton's CPU interpreter (conftest.py sets TRITON_INTERPRET=1), so the
+default shapes are tiny; bigger shapes and bf16 on real hardware are under the `gpu` marker.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm.kernels import rmsnorm as K
+from minillm.norms import NORMS, RMSNorm, build_norm
+
+
+def _can_run() -> bool:
+    try:
+        K.require_fused()
+    except RuntimeError:
+        return False
+    return True
+
+
+CAN_RUN = _can_run()
+DEV = "cuda" if CAN_RUN and not K._interpreting() else "cpu"
+kernel = pytest.mark.skipif(not CAN_RUN, reason="fused kernel cannot run here (see require_fused())")
+
+
+def gpu(fn):
+    """Needs a real CUDA GPU: deselected by default, skipped without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(fn))
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (rtol, atol as a fraction of max(|expected|, 1)) against the float64 reference
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 1e-2), torch.float16: (3e-3, 2e-3)}
+
+
+def _randn(*shape, dtype=torch.float32, scale=1.0, device=DEV) -> torch.Tensor:
+    return (torch.randn(*shape, dtype=torch.float32, device=device) * scale).to(dtype)
+
+
+def _weight(n: int, offset: float, dtype=torch.float32, device=DEV) -> torch.Tensor:
+    """A random gain around 1 (stored as w - offset), never all ones."""
+    return (1.0 - offset + 0.5 * torch.randn(n, device=device)).to(dtype)
+
+
+def _fwd_bwd(fn, x, w, dy):
+    """(y, dx, dw) of fn(x, w) with upstream gradient dy; x and w are fresh leaves."""
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    y = fn(x, w)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad
+
+
+def _check(x, w, dy, eps=1e-5, offset=0.0, cast="fp32", dtype=None):
+    """Fused forward, dx and dW against the float64 reference, with the tolerance of x's dtype."""
+    dtype = dtype or x.dtype
+    got = _fwd_bwd(lambda a, b: K.fused_rms_norm(a, b, eps, offset, cast), x, w, dy)
+    ref = _fwd_bwd(lambda a, b: K.reference_rms_norm(a, b, eps, offset, cast), x.double(), w.double(),
+                   dy.double())
+    rtol, atol = TOL[dtype]
+    for name, g, r in zip(("y", "dx", "dw"), got, ref, strict=True):
+        scale = max(r.abs().max().item(), 1.0)
+        torch.testing.assert_close(g.double(), r, rtol=rtol, atol=atol * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    y, dx, dw = got
+    assert y.dtype == x.dtype and dx.dtype == x.dtype and dw.dtype == w.dtype
+    assert y.shape == x.shape and dx.shape == x.shape and dw.shape == w.shape
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------------
+# correctness
+
+
+@kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cast", K.CASTS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_forward_dx_dw_match_float64_reference(dtype, cast, offset):
+    torch.manual_seed(0)
+    x = _randn(3, 7, 123, dtype=dtype, scale=2.0)  # odd rows, hidden not a power of two
+    w = _weight(123, offset)
+    dy = _randn(3, 7, 123, dtype=dtype)
+    _check(x, w, dy, offset=offset, cast=cast)
+
+
+@kernel
+@pytest.mark.parametrize("shape", [(1, 64), (4, 1), (2, 3, 5, 33), (37, 200), (2, 16)],
+                         ids=["one-row", "hidden-1", "4d", "rows-37-hidden-200", "pow2"])
+def test_odd_shapes(shape):
+    torch.manual_seed(1)
+    _check(_randn(*shape), _weight(shape[-1], 0.0), _randn(*shape), cast="llama")
+
+
+@kernel
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_5x123x123(dtype):
+    torch.manual_seed(2)
+    _check(_randn(5, 123, 123, dtype=dtype), _weight(123, 0.0), _randn(5, 123, 123, dtype=dtype))
+
+
+@kernel
+def test_eps_is_used_in_fp32():
+    torch.manual_seed(3)
+    x = _randn(4, 32, scale=1e-3)  # mean(x^2) ~ 1e-6, comparable to eps
+    _check(x, _weight(32, 0.0), _randn(4, 32), eps=1e-5)
+    _check(x, _weight(32, 0.0), _randn(4, 32), eps=1e-2)
+
+
+@kernel
+def test_rstd_is_saved_in_fp32_per_row():
+    torch.manual_seed(4)
+    x = _randn(2, 3, 40, dtype=torch.bfloat16)
+    y, rstd = torch.ops.minillm.rms_norm_fwd(x, _weight(40, 0.0), 1e-5, 0.0, "fp32")
+    assert rstd.shape == (2, 3) and rstd.dtype == torch.float32
+    expected = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-5)
+    torch.testing.assert_close(rstd.double(), expected, rtol=1e-5, atol=0)
+
+
+@kernel
+@pytest.mark.parametrize("layout", ["permuted", "transposed-last-dim", "sliced-rows"])
+def test_non_contiguous_x_and_dy(layout):
+    torch.manual_seed(5)
+    if layout == "permuted":  # last dim contiguous, rows not evenly strided -> copied
+        base, view = _randn(7, 3, 40), lambda t: t.permute(1, 0, 2)
+    elif layout == "transposed-last-dim":  # last dim stride 7 -> copied
+        base, view = _randn(3, 40, 7), lambda t: t.transpose(1, 2)
+    else:  # rows of stride 64, read in place through the row stride
+        base, view = _randn(3, 7, 64), lambda t: t[..., :40]
+    w = _weight(40, 1.0)
+    dy = view(_randn(*base.shape))
+    assert not view(base).is_contiguous() and not dy.is_contiguous()
+    dy_before = dy.clone()
+
+    def grads(fn, b, w, dy):
+        b = b.detach().clone().requires_grad_()
+        w = w.detach().clone().requires_grad_()
+        y = fn(view(b), w)
+        y.backward(dy)
+        return y.detach(), b.grad, w.grad
+
+    got = grads(lambda a, b: K.fused_rms_norm(a, b, 1e-5, 1.0, "fp32"), base, w, dy)
+    ref = grads(lambda a, b: K.reference_rms_norm(a, b, 1e-5, 1.0, "fp32"), base.double(), w.double(),
+                dy.double())
+    for g, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dy, dy_before, rtol=0, atol=0)  # dx is written out of place
+
+
+@kernel
+def test_sum_backward_expanded_dy():
+    """y.sum().backward() hands the op a zero-stride dy."""
+    torch.manual_seed(6)
+    x = _randn(5, 24).requires_grad_()
+    w = _weight(24, 0.0).requires_grad_()
+    K.fused_rms_norm(x, w, 1e-5).sum().backward()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    K.reference_rms_norm(xr, wr, 1e-5).sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), wr.grad, rtol=1e-5, atol=1e-5)
+
+
+@kernel
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
+def test_bf16_x_with_fp32_or_bf16_weight(w_dtype):
+    torch.manual_seed(7)
+    x, dy = _randn(6, 48, dtype=torch.bfloat16), _randn(6, 48, dtype=torch.bfloat16)
+    y, dx, dw = _check(x, _weight(48, 0.0, dtype=w_dtype), dy, cast="llama", dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and dw.dtype == w_dtype
+
+
+@kernel
+@pytest.mark.parametrize("cast", K.CASTS)
+def test_looped_kernels_for_wide_rows(monkeypatch, cast):
+    """Rows wider than MAX_FUSED_HIDDEN take the chunked two-pass kernels (shrunk here to stay fast)."""
+    monkeypatch.setattr(K, "MAX_FUSED_HIDDEN", 64)
+    monkeypatch.setattr(K, "LOOP_BLOCK", 32)
+    assert K._row_block(100) == (32, True)
+    torch.manual_seed(8)
+    for dtype in (torch.float32, torch.bfloat16):
+        _check(_randn(3, 5, 100, dtype=dtype), _weight(100, 1.0), _randn(3, 5, 100, dtype=dtype),
+               offset=1.0, cast=cast)
+
+
+@kernel
+@pytest.mark.slow
+def test_looped_kernels_at_the_real_limit():
+    n = K.MAX_FUSED_HIDDEN + 1000
+    assert K._row_block(n)[1]
+    torch.manual_seed(9)
+    _check(_randn(3, n), _weight(n, 0.0), _randn(3, n))
+
+
+@kernel
+def test_dw_with_many_groups(monkeypatch):
+    """Small dW tiles force several row groups, so the fp32 partials are really summed across programs."""
+    monkeypatch.setattr(K, "DW_BLOCK_ROWS", 4)
+    monkeypatch.setattr(K, "DW_BLOCK_COLS", 16)
+    assert K._dw_grid(21, 40, torch.device(DEV))[0] > 1
+    torch.manual_seed(10)
+    _check(_randn(21, 40, dtype=torch.bfloat16), _weight(40, 0.0), _randn(21, 40, dtype=torch.bfloat16),
+           cast="llama")
+
+
+@kernel
+def test_dw_partials_every_row_written():
+    """Groups with no rows must still write zeros: the buffer comes from torch.empty (trap 2)."""
+    torch.manual_seed(11)
+    x, dy = _randn(10, 40), _randn(10, 40)
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-5)  # (10,)
+    partial = torch.full((5, 40), float("nan"), device=DEV)  # 5 groups of 32 rows: 4 have no rows
+    K._launch_dw(dy, x, rstd, partial, rows_per_program=32, llama=False)
+    assert not partial.isnan().any()
+    assert partial[1:].abs().max() == 0
+    torch.testing.assert_close(partial.sum(0), (dy * x * rstd[:, None]).sum(0), rtol=1e-5, atol=1e-5)
+
+
+@kernel
+def test_empty_batch():
+    x = torch.empty(0, 16, device=DEV, requires_grad=True)
+    w = _weight(16, 0.0).requires_grad_()
+    y = K.fused_rms_norm(x, w, 1e-5)
+    y.sum().backward()
+    assert y.shape == (0, 16) and w.grad.abs().max() == 0
+
+
+@kernel
+def test_bad_arguments_are_rejected():
+    x = _randn(2, 8)
+    with pytest.raises(ValueError, match="cast='bf16' is not valid"):
+        K.fused_rms_norm(x, _weight(8, 0.0), 1e-5, cast="bf16")
+    with pytest.raises(ValueError, match="does not match the last dim"):
+        K.fused_rms_norm(x, _weight(9, 0.0), 1e-5)
+    with pytest.raises(ValueError, match="cast="):
+        K.reference_rms_norm(x, _weight(8, 0.0), 1e-5, cast="x")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the norm module: same state_dict as rmsnorm, same outputs
+
+
+@kernel
+@pytest.mark.parametrize("cast", K.CASTS)
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_state_dict_interchange_with_rmsnorm(cast, zero_centered):
+    torch.manual_seed(12)
+    eager = build_norm("rmsnorm", 48, 1e-5, cast=cast, zero_centered=zero_centered).to(DEV)
+    with torch.no_grad():
+        eager.weight.normal_(0.0 if zero_centered else 1.0, 0.5)
+    fused = build_norm("fused_rmsnorm", 48, 1e-5, cast=cast, zero_centered=zero_centered).to(DEV)
+    assert isinstance(fused, NORMS["fused_rmsnorm"]) and isinstance(fused, RMSNorm)
+    assert fused.state_dict().keys() == eager.state_dict().keys() == {"weight"}
+    fused.load_state_dict(eager.state_dict())
+
+    x = _randn(2, 5, 48, dtype=torch.bfloat16, scale=3.0)
+    dy = _randn(2, 5, 48, dtype=torch.bfloat16)
+    outs = []
+    for norm in (eager, fused):
+        norm.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = norm(xi)
+        y.backward(dy)
+        outs.append((y.detach().float(), xi.grad.float(), norm.weight.grad.clone()))
+    for e, f in zip(*outs, strict=True):  # eager llama-mode dW is reduced in bf16: compare at bf16 scale
+        torch.testing.assert_close(f, e, rtol=2e-2, atol=2e-2 * max(e.abs().max().item(), 1.0))
+
+    back = RMSNorm(48, 1e-5, cast=cast, zero_centered=zero_centered).to(DEV)
+    back.load_state_dict(fused.state_dict())
+    torch.testing.assert_close(back.weight, eager.weight, rtol=0, atol=0)
+    torch.testing.assert_close(back(x), eager(x), rtol=0, atol=0)
+
+
+@kernel
+def test_module_rejects_eps_outside():
+    with pytest.raises(ValueError, match="eps_mode='inside'"):
+        build_norm("fused_rmsnorm", 16, eps_mode="outside")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# no silent fallback
+
+
+def test_require_fused_without_triton(monkeypatch):
+    monkeypatch.setattr(K, "HAS_TRITON", False)
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        K.require_fused()
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        build_norm("fused_rmsnorm", 16)
+
+
+def test_require_fused_without_cuda_or_interpreter(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if not K.HAS_TRITON:
+        pytest.skip("triton not installed: covered by test_require_fused_without_triton")
+    for build in (K.require_fused, lambda: build_norm("fused_rmsnorm", 16)):
+        with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1 .* or use norm=rmsnorm"):
+            build()
+
+
+def test_module_imports_without_triton(monkeypatch):
+    """minillm.kernels.rmsnorm imports with triton missing; only require_fused() complains."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` raise ImportError
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    spec = importlib.util.spec_from_file_location("_rmsnorm_without_triton", K.__file__)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert not mod.HAS_TRITON
+    x, w = torch.randn(2, 8), torch.randn(8)
+    torch.testing.assert_close(mod.reference_rms_norm(x, w, 1e-5), K.reference_rms_norm(x, w, 1e-5))
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        mod.fused_rms_norm(x, w, 1e-5)
+
+
+def test_minillm_imports_without_triton():
+    code = ("import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+            "import minillm, minillm.norms, minillm.kernels.rmsnorm as k\n"
+            "assert not k.HAS_TRITON and 'triton' not in [m for m in sys.modules if sys.modules[m]]\n"
+            "try:\n    minillm.build_norm('fused_rmsnorm', 8)\nexcept RuntimeError as e:\n"
+            "    assert 'pip install triton' in str(e)\nelse:\n    raise AssertionError('no error')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@kernel
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setattr(K, "_INTERPRETED", False)
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        K.fused_rms_norm(torch.randn(2, 8), torch.randn(8), 1e-5)
+
+
+_COMPILE_FOR_SM90 = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from minillm.kernels import rmsnorm as K
+TYPES = {"X": "*bf16", "Y": "*bf16", "DY": "*bf16", "DX": "*bf16", "W": "*fp32", "RSTD": "*fp32",
+         "PARTIAL": "*fp32", "eps": "fp32", "offset": "fp32"}
+CASES = [(K._fwd_kernel, dict(BLOCK=4096)), (K._fwd_loop_kernel, dict(BLOCK=K.LOOP_BLOCK)),
+         (K._bwd_dx_kernel, dict(BLOCK=4096)), (K._bwd_dx_loop_kernel, dict(BLOCK=K.LOOP_BLOCK)),
+         (K._bwd_dw_kernel, dict(BLOCK_ROWS=K.DW_BLOCK_ROWS, BLOCK_COLS=K.DW_BLOCK_COLS))]
+for fn, consts in CASES:
+    consts = {"LLAMA": True, **consts}
+    sig = {a: "constexpr" if a in consts else TYPES.get(a, "i32") for a in fn.arg_names}
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 8})
+"""
+
+
+def test_kernels_compile_for_a_gpu():
+    """The interpreter is lenient: compile every kernel for sm_90 (no GPU needed) to catch what it lets by."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], env=env, timeout=300,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# registration: opcheck and torch.compile
+
+
+@kernel
+@pytest.mark.parametrize("cast", K.CASTS)
+def test_opcheck(cast):
+    torch.manual_seed(13)
+    x, w = _randn(2, 3, 40, dtype=torch.bfloat16), _weight(40, 1.0)
+    torch.library.opcheck(torch.ops.minillm.rms_norm_fwd, (x, w, 1e-5, 1.0, cast))
+    _, rstd = torch.ops.minillm.rms_norm_fwd(x, w, 1e-5, 1.0, cast)
+    torch.library.opcheck(torch.ops.minillm.rms_norm_bwd, (torch.randn_like(x), x, w, rstd, 1.0, cast))
+
+
+def _compiled_matches_eager(backend: str, dynamic: bool | None = None) -> None:
+    torch.manual_seed(14)
+    norm = build_norm("fused_rmsnorm", 32, 1e-5, cast="llama").to(DEV)
+    lin = torch.nn.Linear(32, 32).to(DEV)
+    f = lambda x: lin(norm(x)).square().mean()  # noqa: E731
+    x = _randn(2, 3, 32)
+    grads = []
+    for fn in (f, torch.compile(f, backend=backend, fullgraph=True, dynamic=dynamic)):
+        norm.zero_grad()
+        xi = x.clone().requires_grad_()
+        fn(xi).backward()
+        grads.append((xi.grad, norm.weight.grad.clone()))
+    for e, c in zip(*grads, strict=True):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
+@kernel
+def test_compile_fullgraph_aot_eager():
+    """No graph break: the ops and their autograd trace with fake tensors."""
+    torch._dynamo.reset()
+    _compiled_matches_eager("aot_eager")
+
+
+@kernel
+@pytest.mark.slow
+def test_compile_fullgraph_inductor():
+    torch._dynamo.reset()
+    _compiled_matches_eager("inductor")
+
+
+@pytest.mark.slow
+def test_benchmark_smoke(tmp_path):
+    """experiments/kernel_bench/bench.py --smoke runs end to end on the CPU and writes its reports."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_bench" / "bench.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, str(script), "--smoke", "--no-compile", "--out", str(tmp_path)],
+                   check=True, timeout=600, env=env)
+    assert {p.suffix for p in tmp_path.glob("cpu-interpreter-smoke.*")} >= {".json", ".md"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# real GPU: bigger shapes, bf16, the triton_op path (run with -m gpu on a CUDA machine)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(4, 1024, 4096), (8192, 1000), (16, 20000)], ids=["4k", "odd", "looped"])
+@pytest.mark.parametrize("cast", K.CASTS)
+def test_gpu_bf16_large(shape, cast):
+    torch.manual_seed(15)
+    x = _randn(*shape, dtype=torch.bfloat16, scale=2.0, device="cuda")
+    dy = _randn(*shape, dtype=torch.bfloat16, device="cuda")
+    _check(x, _weight(shape[-1], 1.0, device="cuda"), dy, offset=1.0, cast=cast)
+
+
+@gpu
+def test_gpu_opcheck_and_inductor():
+    assert not K._interpreting()
+    x, w = _randn(64, 256, dtype=torch.bfloat16, device="cuda"), _weight(256, 0.0, device="cuda")
+    torch.library.opcheck(torch.ops.minillm.rms_norm_fwd, (x, w, 1e-5, 0.0, "llama"))
+    _, rstd = torch.ops.minillm.rms_norm_fwd(x, w, 1e-5, 0.0, "llama")
+    torch.library.opcheck(torch.ops.minillm.rms_norm_bwd, (torch.randn_like(x), x, w, rstd, 0.0, "llama"))
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        _compiled_matches_eager("inductor", dynamic=dynamic)
+
+
+@gpu
+@pytest.mark.slow
+def test_gpu_64bit_row_offsets():
+    """More than 2^31 elements: the last rows are only right with 64-bit row offsets."""
+    n = 4096
+    m = (2**31) // n + 8
+    x = torch.randn(m, n, dtype=torch.bfloat16, device="cuda")
+    w = _weight(n, 0.0, device="cuda")
+    y = K.fused_rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(y[-8:].float(), K.reference_rms_norm(x[-8:], w, 1e-5).float(),
+                               rtol=2e-2, atol=2e-2)

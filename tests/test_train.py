@@ -1,0 +1,185 @@
+"""The training stack: real configs composed and instantiated, fast runs, sweeps, resume, bad input."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import CONFIGS, ROOT, compose_cfg, write_corpus
+from hydra.utils import instantiate
+
+import train as train_script
+from minillm.lit_module import lr_lambda
+
+NORMS = ["layernorm", "rmsnorm", "batchnorm", "none"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")}
+
+
+@pytest.mark.parametrize("group", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))
+def test_every_config_in_every_group_composes(group, tmp_path, corpus):
+    """Each option of each group composes with the primary config (hydra and paths are not choosable)."""
+    if group in ("hydra", "paths", "data"):
+        pytest.skip("composed by every other case")
+    for option in sorted(p.stem for p in (CONFIGS / group).glob("*.yaml")):
+        cfg = compose_cfg(tmp_path, corpus, f"{group}={option}")
+        assert cfg.model.dim > 0
+
+
+def test_instantiate_every_component(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    model_cfg = instantiate(cfg.model, vocab_size=dm.vocab_size)
+    module = instantiate(cfg.module, _partial_=True)(model=model_cfg, optimizer=instantiate(cfg.optimizer),
+                                                     scheduler=instantiate(cfg.scheduler))
+    assert module.model.cfg.vocab_size == dm.vocab_size
+    for name in ("callbacks", "logger"):
+        for c in cfg[name].values():
+            assert instantiate(c) is not None
+    trainer = instantiate(cfg.trainer)
+    assert trainer.max_steps == 4
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_fast_dev_run_every_norm_and_placement(norm, placement, tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "debug=fast_dev_run", f"norm={norm}", f"placement={placement}")
+    metrics = train_script.train(cfg)
+    assert "train/loss" in metrics and metrics["train/loss"] > 0
+
+
+@pytest.mark.parametrize("placement", ["peri", "branch", "deepnorm", "mix"])
+def test_fast_dev_run_newer_placements(placement, tmp_path, corpus):
+    metrics = train_script.train(compose_cfg(tmp_path, corpus, "debug=fast_dev_run", f"placement={placement}"))
+    assert metrics["train/loss"] > 0
+
+
+def test_short_run_logs_metrics_checkpoints_and_sample(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=6")
+    metrics = train_script.train(cfg)
+    run = Path(cfg.paths.output_dir)
+    rows = read_metrics(run)
+    keys = set().union(*(k for r in rows for k, v in r.items() if v))
+    for key in ("train/loss", "train/lr", "train/tokens", "val/loss", "val/ppl", "val/bpc", "test/loss"):
+        assert any(r.get(key) for r in rows), key
+    assert keys
+    assert (run / "checkpoints" / "last.ckpt").exists() and (run / "checkpoints" / "best.ckpt").exists()
+    assert "step 6" in (run / "samples.txt").read_text()
+    tokens = [float(r["train/tokens"]) for r in rows if r.get("train/tokens")]
+    assert tokens[-1] == 6 * 8 * 32  # steps * batch * seq_len
+    assert metrics["test/bpc"] == pytest.approx(metrics["test/loss"] / 0.6931471805599453, rel=1e-5)
+
+
+def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):
+    full = compose_cfg(tmp_path / "full", corpus, "trainer.max_steps=8", "trainer.val_check_interval=4")
+    train_script.train(full)
+    first = compose_cfg(tmp_path / "first", corpus, "trainer.max_steps=4", "trainer.val_check_interval=4",
+                        "scheduler.total_steps=8")
+    train_script.train(first)
+    ckpt = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    resumed = compose_cfg(tmp_path / "resumed", corpus, "trainer.max_steps=8", "trainer.val_check_interval=4",
+                          f"ckpt_path={ckpt}")
+    train_script.train(resumed)
+    a, b = train_losses(Path(full.paths.output_dir)), train_losses(Path(resumed.paths.output_dir))
+    assert sorted(b) == [4, 5, 6, 7]  # the resumed run starts at step 4, not 0
+    assert all(a[s] == b[s] for s in b), (a, b)  # bit-identical continuation on CPU in fp32
+
+
+def test_wandb_offline_run_directory_is_created(tmp_path, corpus, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=2")
+    train_script.train(cfg)
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",
+           "data.batch_size=4", "data.val_windows=4", "trainer=cpu", "trainer.max_steps=2", "trainer.log_every_n_steps=1", "logger=csv",
+           "callbacks=none", "test=false", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}",
+           "norm=layernorm,rmsnorm", "placement=pre,post"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert len(runs) == 4
+    assert all((r / "csv" / "metrics.csv").exists() for r in runs)
+
+
+def test_lr_schedules():
+    cos = lr_lambda("cosine", warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
+    assert cos(0) == pytest.approx(0.1) and cos(9) == pytest.approx(1.0)
+    assert cos(60) == pytest.approx(0.55) and cos(110) == pytest.approx(0.1) and cos(500) == pytest.approx(0.1)
+    assert lr_lambda("constant", 0, 100)(57) == 1.0
+    inv = lr_lambda("inverse_sqrt", 16, 100)
+    assert inv(15) == 1.0 and inv(63) == pytest.approx(0.5)
+    assert lr_lambda("linear", 0, 100, 0.0)(50) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="scheduler.kind='step' is invalid"):
+        lr_lambda("step", 0, 10)
+
+
+def test_weight_decay_groups(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "norm=layernorm")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = instantiate(cfg.module, _partial_=True)(model=instantiate(cfg.model, vocab_size=dm.vocab_size),
+                                                     optimizer=instantiate(cfg.optimizer))
+    decay, no_decay = module.param_groups()
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    assert all(p.ndim == 2 and not names[id(p)].startswith("tok_emb") for p in decay["params"])
+    assert {names[id(p)] for p in no_decay["params"]} >= {"tok_emb.weight", "norm.weight", "norm.bias"}
+    module.hparams.decay_norms = module.hparams.decay_embeddings = True
+    assert len(module.param_groups()[1]["params"]) == 0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.norm=groupnorm", "model.norm='groupnorm' is invalid: allowed: batchnorm"),
+        ("placement=middle", "model.placement='middle' is invalid: allowed: pre, post"),
+        ("trainer.precision=8-mixed", "trainer.precision='8-mixed' is invalid; allowed: 32-true"),
+        ("model.dim=33", "model.dim=33 is invalid: must be divisible by n_heads=2"),
+        ("optimizer.lr=0", "optimizer.lr=0 is invalid: must be a number > 0"),
+        ("optimizer.lr=-1e-3", "optimizer.lr=-0.001 is invalid"),
+        ("data.batch_size=0", "batch_size=0"),
+        ("data.files=[/nonexistent/corpus.txt]", "/nonexistent/corpus.txt"),
+        ("model.max_seq_len=100000", "need at least"),
+    ],
+)
+def test_bad_input_is_one_clear_error_before_training(override, message, tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, override)
+    with pytest.raises(train_script.ConfigError, match=message):
+        train_script.train(cfg)
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()
+
+
+def test_unknown_norm_group_is_a_hydra_error_listing_options(tmp_path, corpus):
+    with pytest.raises(Exception, match=r"(?s)Could not find 'norm/groupnorm'.*rmsnorm"):
+        compose_cfg(tmp_path, corpus, "norm=groupnorm")
+
+
+def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path, corpus):
+    cmd = [sys.executable, str(ROOT / "train.py"), "model=tiny", "data=files", f"data.files=[{corpus}]",
+           "optimizer.lr=-1", f"hydra.run.dir={tmp_path / 'run'}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "config error: optimizer.lr=-1 is invalid: must be a number > 0" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr

@@ -1,0 +1,102 @@
+"""Train a minillm model from the Hydra config in configs/ (``python train.py --help`` lists the groups).
+
+    python train.py                                   # default run on the embedded Shakespeare corpus
+    python train.py norm=layernorm placement=post optimizer.lr=1e-3 trainer.precision=bf16-mixed seed=1
+    python train.py -m norm=layernorm,rmsnorm,batchnorm placement=pre,post   # sweep
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from contextlib import contextmanager
+
+import hydra
+import lightning as L
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("minillm")
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+
+
+class ConfigError(ValueError):
+    """A bad value in the config, reported as one line before training starts."""
+
+
+@contextmanager
+def config_errors():
+    """Turn bad-value errors raised while setting up (also inside Hydra's instantiate) into ConfigError."""
+    try:
+        yield
+    except InstantiationException as err:
+        if isinstance(err.__cause__, (ValueError, FileNotFoundError, TypeError)):
+            raise ConfigError(str(err.__cause__)) from err.__cause__
+        raise
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(str(err)) from err
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Checks that are cheap and would otherwise fail late or deep inside Lightning."""
+    precision = str(cfg.trainer.get("precision"))
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is invalid; allowed: {', '.join(PRECISIONS)}")
+    lr = cfg.optimizer.get("lr")
+    if not isinstance(lr, (int, float)) or lr <= 0:
+        raise ConfigError(f"optimizer.lr={lr!r} is invalid: must be a number > 0")
+    accelerator = cfg.trainer.get("accelerator")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if precision == "16-mixed" and on_cpu:
+        warnings.warn("trainer.precision=16-mixed on a CPU: Lightning runs bf16-mixed instead (no fp16 AMP "
+                      "or GradScaler on CPUs); use a GPU to study fp16 loss scaling.", UserWarning, stacklevel=2)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Set up data, model, callbacks, loggers and trainer; fit; test on the whole held-out split."""
+    with config_errors():
+        check_config(cfg)
+        L.seed_everything(cfg.seed, workers=True)
+        datamodule = instantiate(cfg.data)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        model_cfg = instantiate(cfg.model, vocab_size=datamodule.vocab_size)
+        scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
+        module = instantiate(cfg.module, _partial_=True)(
+            model=model_cfg, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
+        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+        loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
+        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    n_params = module.model.num_params()
+    log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, placement={model_cfg.placement}")
+    hparams = OmegaConf.to_container(cfg, resolve=True)
+    hparams["n_params"] = n_params
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hparams)
+
+    if cfg.get("train", True):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.get("test", False):
+        trainer.test(module, datamodule=datamodule, verbose=False)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        log.info("held-out: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("test/")))
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        metrics = train(cfg)
+    except ConfigError as err:
+        log.error(f"config error: {err}")
+        sys.exit(2)
+    return metrics.get(cfg.get("optimized_metric"))
+
+
+if __name__ == "__main__":
+    main()
