@@ -19,6 +19,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from minillm.norms import norm_options
+from minillm.reliability import check_resume
+
 log = logging.getLogger("minillm")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 
@@ -64,6 +67,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         datamodule.prepare_data()
         datamodule.setup("fit")
         model_cfg = instantiate(cfg.model, vocab_size=datamodule.vocab_size)
+        if cfg.trainer.get("sync_batchnorm") and "sync" in norm_options(model_cfg.norm):
+            model_cfg.norm_options["sync"] = True  # Lightning's switch converts only torch's BatchNorm
+        if cfg.get("ckpt_path"):  # readable, and written for this model config (fails before any training)
+            check_resume(cfg.ckpt_path, model_cfg.to_dict())
         scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
         module = instantiate(cfg.module, _partial_=True)(
             model=model_cfg, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)

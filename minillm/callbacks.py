@@ -10,7 +10,7 @@ describe (the same step as ``train/loss``):
     stab/grad_nonfinite      number of non-finite gradient elements
     stab/update_ratio        ||W_after - W_before|| / ||W_before|| over all parameters, for one optimizer step
     stab/max_abs_h           max |h| of the residual stream over all blocks
-    stab/log_z_mean, stab/log_z_max   log Z = logsumexp of the LM logits over the vocabulary, on the train batch
+    stab/log_z_mean, stab/log_z_max   log Z = logsumexp of the LM logits over the vocabulary (train batch)
     stab/max_attn_logit      max over layers of layer/<i>/attn_logit_max   (probe steps only)
     stab/loss_spike_score    (loss - rolling mean) / rolling std of the previous train losses
     stab/loss_spikes         steps so far whose score exceeded spike_k (also logged on every spike step)
@@ -21,12 +21,13 @@ describe (the same step as ``train/loss``):
     layer/<i>/resid_rms, layer/<i>/resid_max   RMS and max |h| of the output of model.layers[i]
     layer/<i>/attn_logit_max max over heads and causal (query, key) pairs of q.k / sqrt(head_dim)
     norm/<site>/in_rms, norm/<site>/in_max_fp16   input RMS and max |x| / 65504 at a norm module
-    norm/<site>/gain_mean, norm/<site>/gain_std   the effective gain (weight, or weight + 1 when zero-centered)
+    norm/<site>/gain_mean, norm/<site>/gain_std   effective gain (weight, or weight + 1 when zero-centered)
+    norm/<site>/alpha        a norm's learnable scalar input scale (DyT)
     norm/<site>/bn_mean_dist, norm/<site>/bn_var_dist   BatchNorm only: RMS over (position,) feature of
                              batch statistic - running statistic, with the running statistics as they are
                              after the step's update (so 0 with momentum=1)
 
-<site> is the module path inside the Transformer, e.g. ``layers.0.attn_norm``, ``layers.1.attn.q_norm``, ``norm``.
+<site> is the module path inside the Transformer: ``layers.0.attn_norm``, ``layers.1.attn.q_norm``, ``norm``.
 """
 
 from __future__ import annotations
@@ -57,15 +58,22 @@ NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)
 
 
 def params_finite(module: nn.Module) -> bool:
-    """True when every parameter of module is finite (one device sync)."""
-    flags = [p.detach().isfinite().all() for p in module.parameters()]
-    return bool(torch.stack(flags).all()) if flags else True
+    """True when every parameter of module is finite.
+
+    Fast path: one fp32 sum per parameter (NaN or inf anywhere makes it non-finite; ~10x cheaper than
+    isfinite().all(), which allocates a mask), one device sync; only a non-finite sum (which a huge but
+    finite tensor could also give) is confirmed element-wise.
+    """
+    params = [p.detach() for p in module.parameters()]
+    if not params or bool(torch.stack([p.sum(dtype=torch.float32) for p in params]).isfinite().all()):
+        return True
+    return all(bool(p.isfinite().all()) for p in params)
 
 
 def max_attention_logit(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Max over batch, heads and causal pairs (t >= s) of q_t . k_s / sqrt(D), from ``attn.qk`` (0-d fp32)."""
     q, k = attn.qk(x, cos, sin)  # (B, H, T, D), (B, Hkv, T, D)
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, T, D): query head h reads kv head h // g
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, T, D): query head h uses kv head h // g
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
     best = torch.tensor(float("-inf"), device=q.device)
@@ -232,6 +240,10 @@ class ActivationProbe:
                 g = g.detach().float()
                 keys += [f"norm/{name}/gain_mean", f"norm/{name}/gain_std"]
                 agg += [g.mean(), g.std(correction=0)]
+            alpha = getattr(module, "alpha", None)  # DyT's learnable input scale
+            if isinstance(alpha, Tensor) and alpha.numel() == 1:
+                keys.append(f"norm/{name}/alpha")
+                agg.append(alpha.detach().float().reshape(()))
         self.values.clear()
         if not agg:
             return {}
@@ -258,11 +270,11 @@ class StabilityMonitor(L.Callback):
     measured steps, so other steps run the model untouched.
     """
 
-    def __init__(self, every_n_steps: int = 10, probe_every_n_steps: int | None = 100, probe_batch_size: int = 4,
-                 update_ratio: bool = True, spike_window: int = 50, spike_k: float = 4.0,
-                 spike_min_history: int = 10):
+    def __init__(self, every_n_steps: int = 10, probe_every_n_steps: int | None = 100,
+                 probe_batch_size: int = 4, update_ratio: bool = True, spike_window: int = 50,
+                 spike_k: float = 4.0, spike_min_history: int = 10):
         if every_n_steps < 1 or (probe_every_n_steps is not None and probe_every_n_steps < 1):
-            raise ValueError("every_n_steps and probe_every_n_steps must be >= 1 (probe_every_n_steps may be null)")
+            raise ValueError("every_n_steps must be >= 1, probe_every_n_steps >= 1 or null")
         self.every_n_steps, self.probe_every_n_steps = every_n_steps, probe_every_n_steps
         self.probe_batch_size, self.update_ratio = probe_batch_size, update_ratio
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
@@ -281,7 +293,7 @@ class StabilityMonitor(L.Callback):
     def _reset_step(self) -> None:
         self._step, self._measure, self._stepped = 0, False, False
         self._pending: dict[str, Tensor | float] = {}
-        self._w_before: list[list[Tensor]] | None = None
+        self._w_before: list[Tensor] | None = None
         self._scale_before: Tensor | None = None
 
     @property
@@ -313,40 +325,49 @@ class StabilityMonitor(L.Callback):
         if self.probe is not None:
             self.probe.detach()  # every forward of this step has run
         model = getattr(pl_module, "model", pl_module)
+        params = self._params(model)
         norms = grad_norm(model, 2.0)  # {"grad_2.0_norm/<param>": tensor, "grad_2.0_norm_total": tensor}
         if "grad_2.0_norm_total" in norms:
             self._pending["stab/grad_norm"] = norms.pop("grad_2.0_norm_total")
         per_layer: dict[int, list[Tensor]] = defaultdict(list)
-        for key, value in norms.items():
-            parts = key.split("/", 1)[1].split(".")
-            if parts[0] == "layers" and parts[1].isdigit():
-                per_layer[int(parts[1])].append(value)
+        for name, layer, _ in params:
+            if layer is not None and f"grad_2.0_norm/{name}" in norms:
+                per_layer[layer].append(norms[f"grad_2.0_norm/{name}"])
         for i, values in per_layer.items():
             self._pending[f"layer/{i}/grad_norm"] = torch.stack(values).norm()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if grads:
-            self._pending["stab/grad_nonfinite"] = sum((~g.isfinite()).sum() for g in grads)
+        nonfinite = 0  # counted element-wise only when the total norm, then a parameter's norm, is not finite
+        total = self._pending.get("stab/grad_norm")
+        if total is not None and not math.isfinite(float(total)):
+            for name, _, p in params:
+                value = norms.get(f"grad_2.0_norm/{name}")
+                if value is not None and not math.isfinite(float(value)):
+                    nonfinite += int((~p.grad.isfinite()).sum())
+        self._pending["stab/grad_nonfinite"] = torch.tensor(float(nonfinite))
         if self.update_ratio:
-            self._w_before = [[p.detach().clone() for p in group] for group in self._param_groups(model)]
+            self._w_before = [p.detach().clone() for _, _, p in params]
 
     @staticmethod
-    def _param_groups(model: nn.Module) -> list[list[Tensor]]:
-        """[params of layers[0], ..., params of layers[L-1], all params]."""
-        layers = [list(b.parameters()) for b in getattr(model, "layers", [])]
-        return [*layers, list(model.parameters())]
+    def _params(model: nn.Module) -> list[tuple[str, int | None, Tensor]]:
+        """(name, index of its block in model.layers or None, parameter) for every parameter."""
+        out = []
+        for name, p in model.named_parameters():
+            parts = name.split(".")
+            layer = int(parts[1]) if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit() else None
+            out.append((name, layer, p))
+        return out
 
     def _update_ratios(self, model: nn.Module) -> dict[str, Tensor]:
-        out = {}
-        groups = self._param_groups(model)
-        for j, (before, after) in enumerate(zip(self._w_before, groups, strict=True)):
-            if not before:
-                continue
-            delta = torch.stack([torch.linalg.vector_norm(a.detach().float() - b.float())
-                                 for a, b in zip(after, before, strict=True)]).norm()
-            weight = torch.stack([torch.linalg.vector_norm(b.float()) for b in before]).norm()
-            name = "stab/update_ratio" if j == len(groups) - 1 else f"layer/{j}/update_ratio"
-            out[name] = delta / weight.clamp_min(1e-12)
+        """||W_after - W_before|| / ||W_before|| per block and over all parameters (Frobenius norms)."""
+        params = self._params(model)
+        delta = torch.stack([torch.linalg.vector_norm(p.detach() - b, dtype=torch.float32)
+                             for (_, _, p), b in zip(params, self._w_before, strict=True)])  # (P,)
+        weight = torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in self._w_before])
         self._w_before = None
+        out = {"stab/update_ratio": delta.norm() / weight.norm().clamp_min(1e-12)}
+        layers = torch.tensor([-1 if layer is None else layer for _, layer, _ in params], device=delta.device)
+        for i in sorted({layer for _, layer, _ in params if layer is not None}):
+            sel = layers == i
+            out[f"layer/{i}/update_ratio"] = delta[sel].norm() / weight[sel].norm().clamp_min(1e-12)
         return out
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -356,8 +377,9 @@ class StabilityMonitor(L.Callback):
         loss = _train_loss(outputs)
         if loss is not None:
             score, spike = self.spikes.update(float(loss.detach()))
-            if report or spike:
+            if (report or spike) and math.isfinite(score):  # no score before spike_min_history losses
                 metrics["stab/loss_spike_score"] = score
+            if report or spike:
                 metrics["stab/loss_spikes"] = float(self.spikes.count)
         if self._stepped and self.scaler is not None:
             scale = getattr(self.scaler, "_scale", None)
@@ -404,16 +426,17 @@ class StabilityMonitor(L.Callback):
         if self.probe is not None:
             self.probe.detach()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
         if self.probe is not None:
             self.probe.detach()
 
 
 class DivergenceGuard(L.Callback):
-    """Ends a diverging run cleanly: the run stops, is marked diverged (step, reason), and the process goes on.
+    """Ends a diverging run cleanly: it stops, is marked diverged (step, reason), and the process goes on.
 
     Diverged: a non-finite train loss, non-finite weights after an optimizer step (``check_weights``: one
-    ``isfinite`` pass over the parameters per step; also checked before validations and at the end), or a
+    fp32 sum per parameter per step, see params_finite; also checked before validations and at the end), or a
     train loss above the ceiling for ``patience`` consecutive steps (ceiling = ``max_loss``, or
     ``max_loss_factor * ln(vocab_size)`` when max_loss is null). On divergence every ModelCheckpoint stops
     saving (save_top_k=0, save_last=False), so best.ckpt / last.ckpt keep the last good weights.
@@ -478,14 +501,25 @@ class DivergenceGuard(L.Callback):
         for ckpt in trainer.checkpoint_callbacks:
             ckpt.save_top_k, ckpt.save_last = 0, False
         _log(trainer, {"stab/diverged": 1.0}, self._step)
-        rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping (checkpoints kept as they were)")
+        rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping, checkpoints kept as they are")
 
 
 class RunSummary(L.Callback):
     """Writes ``summary.json`` to ``trainer.default_root_dir`` after fit, after test, and on a crash.
 
-    ``config`` (from the YAML, e.g. ``seed: ${seed}``) is written as given; the rest is read from the
-    module (ModelConfig, optimizer/scheduler partials), the trainer and the other callbacks.
+    One flat JSON object (non-finite numbers written as null):
+      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim,
+               n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
+               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V
+      results  status (completed | diverged | failed), error, steps, final_val_loss, best_val_loss,
+               best_val_step, test_loss, diverged, diverged_step, diverged_reason, stopped_early,
+               max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z,
+               skipped_steps, amp_scale, tokens, train_time_s (validation excluded), tokens_per_s,
+               wall_time_s (from the callback's creation), run_dir
+    diverged follows EXPERIMENTS.md: DivergenceGuard stopped the run, or the final val loss is >= ln V.
+    The StabilityMonitor maxima are over its measured steps. ``config`` (from the YAML, e.g.
+    ``seed: ${seed}``) is written as given; the rest is read from the module, the trainer's optimizer and
+    the other callbacks.
     """
 
     def __init__(self, filename: str = "summary.json", config: dict | None = None):
@@ -537,11 +571,13 @@ class RunSummary(L.Callback):
         self.test_loss = float(value) if value is not None else None
         self.write(trainer, pl_module, "completed")
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
         self.write(trainer, pl_module, "failed", error=f"{type(exception).__name__}: {exception}")
 
     @rank_zero_only
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str, error: str | None = None) -> Path:
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
+              error: str | None = None) -> Path:
         path = Path(trainer.default_root_dir) / self.filename
         summary = self.build(trainer, pl_module, status, error)
         if not self._fit_seen and path.exists():  # a test-only run adds to the summary of its fit
@@ -554,7 +590,7 @@ class RunSummary(L.Callback):
 
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
               error: str | None = None) -> dict[str, Any]:
-        """The summary as a flat dict (see README for the fields)."""
+        """The summary as a flat dict (fields in the class docstring)."""
         model = getattr(pl_module, "model", pl_module)
         cfg = getattr(model, "cfg", None)
         hp = getattr(pl_module, "hparams", {})

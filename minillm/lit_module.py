@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minillm.model import ModelConfig, Transformer
+from minillm.reliability import check_model_config
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 
@@ -52,7 +53,8 @@ class LitLM(L.LightningModule):
 
     def __init__(self, model: ModelConfig | dict, optimizer: Callable | None = None,
                  scheduler: Callable | None = None, decay_norms: bool = False, decay_embeddings: bool = False,
-                 z_loss: float = 0.0, compile: bool = False):
+                 z_loss: float = 0.0, compile: bool = False, compile_backend: str = "inductor",
+                 compile_mode: str | None = None):
         super().__init__()
         model = ModelConfig(**model) if isinstance(model, dict) else model
         # plain values only, so checkpoints load with torch.load(weights_only=True)
@@ -61,7 +63,7 @@ class LitLM(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.model = Transformer(model)
         if compile:
-            self.model.compile()  # in place: state_dict keys unchanged
+            self.model.compile(backend=compile_backend, mode=compile_mode)  # in place: same state_dict keys
         self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
 
     def setup(self, stage: str) -> None:
@@ -98,6 +100,10 @@ class LitLM(L.LightningModule):
         self.log(f"{stage}/ppl", ce.exp(), sync_dist=True, batch_size=x.numel())
         if self.bits_per_token:
             self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True, batch_size=x.numel())
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""
+        check_model_config((checkpoint.get("hyper_parameters") or {}).get("model"), self.hparams["model"])
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")

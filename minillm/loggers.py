@@ -28,15 +28,26 @@ class SafeWandbLogger(WandbLogger):
     @property
     @rank_zero_experiment
     def experiment(self):
+        import wandb
+
+        if self._experiment is None and wandb.run is not None:
+            # a run left open by an earlier logger in this process (the previous job of an in-process
+            # Hydra sweep): WandbLogger would log this run into it
+            wandb.finish()
+        mode = os.environ.get("WANDB_MODE")  # WandbLogger sets WANDB_MODE=dryrun for the whole process
         try:
             return super().experiment
         except Exception as err:  # no network, no API key, server down: keep training
-            import wandb
-
-            rank_zero_warn(f"W&B could not start online ({type(err).__name__}: {err}); logging offline instead.")
+            reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+            rank_zero_warn(f"W&B could not start online ({reason}); logging offline instead.")
             if wandb.run is not None:
                 wandb.finish()
             self._offline = True
             self._experiment = None
             self._wandb_init["mode"] = "offline"
             return super().experiment
+        finally:
+            if mode is None:
+                os.environ.pop("WANDB_MODE", None)
+            else:
+                os.environ["WANDB_MODE"] = mode

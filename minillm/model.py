@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minillm.norms import NORMS, build_norm
+from minillm.norms import NORMS, build_norm, norm_options
 
 PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm", "mix")
 QK_NORMS = ("none", "rmsnorm", "layernorm")
@@ -39,6 +39,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
     init_std: float = 0.02
+    depth_scaled_init: bool = True  # residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
@@ -95,8 +96,14 @@ class ModelConfig:
 
 
 def make_norm(cfg: ModelConfig, name: str, dim: int | None = None) -> nn.Module:
-    """The one place the model builds a norm (batch-statistics norms get max_seq_len)."""
+    """The one place the model builds a norm (batch-statistics norms get max_seq_len).
+
+    ``norm_options`` are for ``cfg.norm``; a different norm (QK-norm, a per-layer override) gets only the
+    options it also takes (e.g. zero_centered, eps_mode), so norm=batchnorm with qk_norm=rmsnorm works.
+    """
     options = dict(cfg.norm_options)
+    if name != cfg.norm:
+        options = {k: v for k, v in options.items() if k in norm_options(name)}
     if getattr(NORMS[name], "uses_positions", False):
         options.setdefault("max_seq_len", cfg.max_seq_len)
     return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
@@ -221,7 +228,8 @@ class Transformer(nn.Module):
         """All initialization lives here.
 
         - embeddings and linears: N(0, init_std); with tied embeddings the shared matrix gets it once
-        - residual output projections (attn.wo, ffn.w2): N(0, init_std / sqrt(2 * n_layers)) (GPT-2)
+        - residual output projections (attn.wo, ffn.w2): N(0, init_std / sqrt(2 * n_layers)) (GPT-2);
+          with depth_scaled_init=False they keep N(0, init_std), no depth scaling (as Xiong et al. 2020)
         - DeepNorm layers (Wang et al. 2022): Xavier-normal, gain beta = (8L)^(-1/4) for wv, wo, w1, w2, w3
           and gain 1 for wq, wk
         - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
@@ -232,7 +240,7 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
             elif module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if cfg.depth_scaled_init else cfg.init_std
         beta = (8 * cfg.n_layers) ** -0.25
         for block in self.layers:
             if block.placement == "deepnorm":

@@ -39,7 +39,7 @@ def test_loss_at_init_is_about_ln_vocab(norm, placement):
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", NORMS + ["dyt", "powernorm", "scalenorm"])
 def test_causal_in_train_mode(norm, placement):
     """Changing token t leaves the logits at positions < t unchanged, with batch statistics active."""
     torch.manual_seed(0)
@@ -47,7 +47,10 @@ def test_causal_in_train_mode(norm, placement):
     idx, t = tokens(), 7
     changed = idx.clone()
     changed[:, t] = (changed[:, t] + 1) % V
-    a, b = model(idx), model(changed)
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # powernorm's forward reads running stats
+    a = model(idx)
+    model.load_state_dict(state)
+    b = model(changed)
     torch.testing.assert_close(a[:, :t], b[:, :t], atol=1e-6, rtol=0)
     assert not torch.allclose(a[:, t:], b[:, t:])
 
@@ -245,3 +248,11 @@ def test_norm_options_reach_every_norm():
     assert all(n.eps_mode == "outside" and n.bias is None for n in norms)
     with pytest.raises(ValueError, match="does not take option"):
         Transformer(tiny(norm="rmsnorm", norm_options={"momentum": 0.1}))
+
+
+def test_depth_scaled_init_off_keeps_init_std_on_residual_projections():
+    torch.manual_seed(0)
+    m = Transformer(tiny(dim=128, n_layers=8, n_heads=4, n_kv_heads=4, depth_scaled_init=False))
+    for w in (m.layers[0].attn.wo, m.layers[5].ffn.w2, m.layers[2].attn.wq):
+        assert abs(w.weight.std().item() - 0.02) < 0.002
+    assert "depth_scaled_init" in m.cfg.to_dict()

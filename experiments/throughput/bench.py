@@ -1,0 +1,238 @@
+"""Throughput benchmark, in one process (see README.md here):
+
+  (a) minillm's Lightning training step (the default config: callbacks, logging) vs the plain-PyTorch loop of
+      experiments/calibration/plain_loop.py, same model / data / optimizer, interleaved rounds
+  (b) tokens/s and activation memory per norm x placement (plain loop, interleaved rounds)
+  (c) GPU only (skipped without CUDA): model=gpt125m in bf16, eager vs torch.compile, rmsnorm vs
+      fused_rmsnorm, tokens/s and MFU against Lightning's peak table
+
+    .venv/bin/python experiments/throughput/bench.py              # CPU: (a) + (b)
+    .venv/bin/python experiments/throughput/bench.py --gpu        # on a CUDA machine: (c) as well
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "experiments" / "calibration")]
+from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402
+
+from minillm.lit_module import lr_lambda  # noqa: E402
+from minillm.model import ModelConfig, Transformer  # noqa: E402
+from minillm.perf import analytic_flops_per_token  # noqa: E402
+
+
+class _StepClock(L.Callback):
+    """Wall time from the start of step `skip` to the end of the last step (callbacks and logging included)."""
+
+    def __init__(self, skip: int):
+        self.skip, self.t0, self.t1 = skip, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.skip:
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.t1 = time.perf_counter()
+
+
+def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
+    """train.py's fit with the default config (model, norm, callbacks, csv logger), no validation/test."""
+    from helpers import CONFIGS
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import train as train_script
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=["logger=csv", f"trainer.max_steps={steps}", "+trainer.limit_val_batches=0",
+                                          "test=false", "callbacks.text_sample.max_new_tokens=0",
+                                          "~callbacks.progress_bar"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.root_dir, cfg.paths.output_dir = str(ROOT), str(tmp / f"run-{time.time_ns()}")
+        del cfg["hydra"]
+    clock = _StepClock(skip)
+    real = train_script.instantiate
+
+    def with_clock(c, *a, **kw):  # add the clock to the trainer's callbacks
+        if "callbacks" in kw:
+            kw["callbacks"] = [*kw["callbacks"], clock]
+        return real(c, *a, **kw)
+
+    train_script.instantiate = with_clock
+    try:
+        train_script.train(cfg)
+    finally:
+        train_script.instantiate = real
+    B, T = cfg.data.batch_size, cfg.model.max_seq_len
+    return (steps - skip) * B * T / (clock.t1 - clock.t0)
+
+
+def plain_tokens_per_s(rc: RunConfig, steps: int, skip: int) -> float:
+    """plain_loop.py's step (same batches, AdamW groups, LambdaLR, clipping), timed from step `skip` on."""
+    torch.manual_seed(rc.seed)
+    tr, _, vocab = tokens(rc.seq_len)
+    model = Transformer(model_config(rc, vocab))
+    opt = torch.optim.AdamW(param_groups(model), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", rc.warmup_steps, rc.max_steps, rc.min_lr_ratio))
+    model.train()
+    for step in range(steps):
+        if step == skip:
+            t0 = time.perf_counter()
+        x, y = train_batch(tr, rc.seed, step, rc.batch_size, rc.seq_len)
+        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), rc.clip)
+        opt.step()
+        sched.step()
+        loss.item()  # as Lightning's loop reads the loss for the progress bar / logs
+    return (steps - skip) * rc.batch_size * rc.seq_len / (time.perf_counter() - t0)
+
+
+def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> int:
+    """Bytes of the tensors autograd saves for the backward of one training forward (distinct storages)."""
+    model = Transformer(cfg).train()
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if t.device.type != "meta":
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randint(0, cfg.vocab_size, (batch, seq_len)))
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+def section_a(rounds: int, steps: int, skip: int, tmp: Path) -> dict:
+    lit, plain = [], []
+    for r in range(rounds):  # interleaved: Lightning, plain, Lightning, plain, ...
+        lit.append(lightning_tokens_per_s(steps, skip, tmp))
+        plain.append(plain_tokens_per_s(RunConfig(max_steps=2000), steps, skip))
+        print(f"(a) round {r}: minillm {lit[-1]:.0f} tok/s, plain {plain[-1]:.0f} tok/s", flush=True)
+    ratio = statistics.median(lit) / statistics.median(plain)
+    return dict(minillm_tokens_per_s=lit, plain_tokens_per_s=plain, ratio_of_medians=ratio,
+                ratios_per_round=[a / b for a, b in zip(lit, plain, strict=True)])
+
+
+def section_b(rounds: int, steps: int, skip: int, norms: list[str], placements: list[str]) -> list[dict]:
+    cases = [(n, p) for n in norms for p in placements]
+    tps: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
+    for r in range(rounds):
+        for c in cases:
+            tps[c].append(plain_tokens_per_s(RunConfig(norm=c[0], placement=c[1]), steps, skip))
+        print(f"(b) round {r} done", flush=True)
+    _, _, vocab = tokens(64)
+    out = []
+    for n, p in cases:
+        cfg = model_config(RunConfig(norm=n, placement=p), vocab)
+        out.append(dict(norm=n, placement=p, tokens_per_s=statistics.median(tps[(n, p)]), runs=tps[(n, p)],
+                        activation_mib=activation_bytes(cfg, 32, 64) / 2**20))
+    return out
+
+
+def section_c(steps: int = 30, skip: int = 10, batch: int = 16, seq_len: int = 1024) -> list[dict]:
+    """GPU: gpt125m-like model (dim 768, 12 layers, 12 heads, 32K vocab), bf16 autocast, AdamW."""
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    dev = torch.device("cuda")
+    peak = get_available_flops(dev, torch.bfloat16)
+    out = []
+    for norm in ("rmsnorm", "fused_rmsnorm"):
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            cfg = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, max_seq_len=seq_len, norm=norm)
+            model = Transformer(cfg).to(dev)
+            if compiled:
+                model.compile()
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+            x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=dev)
+            torch.cuda.reset_peak_memory_stats()
+            for step in range(steps):
+                if step == skip:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = F.cross_entropy(model(x).float().flatten(0, 1), x.roll(-1, 1).flatten())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            torch.cuda.synchronize()
+            tok_s = (steps - skip) * batch * seq_len / (time.perf_counter() - t0)
+            flops = analytic_flops_per_token(cfg, seq_len) * tok_s
+            out.append(dict(norm=norm, compiled=compiled, tokens_per_s=tok_s, flops_per_s=flops,
+                            mfu=flops / peak if peak else None, peak_flops=peak,
+                            peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30))
+            print(out[-1], flush=True)
+            del model, opt
+            torch._dynamo.reset()
+    return out
+
+
+def machine() -> dict:
+    import os
+
+    return dict(platform=platform.platform(), cpu=platform.processor() or platform.machine(),
+                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+                lightning=L.__version__, load_avg_start=os.getloadavg(),
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--skip", type=int, default=5, help="warmup steps not timed")
+    ap.add_argument("--norms", default="layernorm,rmsnorm,batchnorm,none")
+    ap.add_argument("--placements", default="pre,post")
+    ap.add_argument("--gpu", action="store_true", help="run section (c) (needs CUDA)")
+    ap.add_argument("--out", default=str(HERE / "results.json"))
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    tmp = Path("/tmp") / "minillm-throughput"
+    res: dict = dict(machine=machine(), args=vars(a))
+    res["a"] = section_a(a.rounds, a.steps, a.skip, tmp)
+    res["b"] = section_b(max(2, a.rounds - 1), a.steps // 2, a.skip, a.norms.split(","), a.placements.split(","))
+    if a.gpu:
+        res["c"] = section_c() if torch.cuda.is_available() else "skipped: no CUDA device"
+    res["machine"]["load_avg_end"] = __import__("os").getloadavg()
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    A = res["a"]
+    lines = ["| run | minillm tok/s | plain tok/s | ratio |", "|---|---|---|---|"]
+    lines += [f"| round {i} | {x:.0f} | {y:.0f} | {x / y:.3f} |"
+              for i, (x, y) in enumerate(zip(A["minillm_tokens_per_s"], A["plain_tokens_per_s"], strict=True))]
+    lines += [f"| median | {np.median(A['minillm_tokens_per_s']):.0f} | {np.median(A['plain_tokens_per_s']):.0f} "
+              f"| {A['ratio_of_medians']:.3f} |", "",
+              "| norm | placement | tokens/s (median) | activation memory (MiB, saved for backward) |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['norm']} | {r['placement']} | {r['tokens_per_s']:.0f} | {r['activation_mib']:.1f} |"
+              for r in res["b"]]
+    if isinstance(res.get("c"), list):
+        lines += ["", "| norm | compiled | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|"]
+        lines += [f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | "
+                  f"{r['mfu'] if r['mfu'] is None else round(r['mfu'], 3)} | {r['peak_mem_gib']:.1f} |" for r in res["c"]]
+    Path(a.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

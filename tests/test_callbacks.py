@@ -1,0 +1,352 @@
+"""Stability instrumentation, divergence as a result, run summary (minillm/callbacks.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from helpers import ROOT, compose_cfg, write_corpus
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers.logger import Logger
+from lightning.pytorch.plugins import MixedPrecision
+
+import train as train_script
+from minillm.callbacks import (
+    NORM_TYPES,
+    ActivationProbe,
+    DivergenceGuard,
+    LossSpikeDetector,
+    StabilityMonitor,
+    bn_stat_distance,
+    spike_scores,
+)
+from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
+from minillm.norms import NORMS
+from minillm.report import write_report
+
+SUMMARY_FIELDS = {  # config
+    "name", "norm", "placement", "lr", "warmup_steps", "precision", "precision_used", "seed", "dim",
+    "n_layers", "n_heads", "n_kv_heads", "qk_norm", "vocab_size", "max_seq_len", "batch_size", "seq_len",
+    "max_steps", "grad_clip", "n_params", "loss_init",
+} | {  # results
+    "status", "steps", "final_val_loss", "best_val_loss", "best_val_step", "test_loss", "diverged",
+    "diverged_step", "diverged_reason", "stopped_early", "max_grad_norm", "nonfinite_grad_steps",
+    "spike_count", "max_attn_logit", "max_abs_h", "max_log_z", "skipped_steps", "tokens", "tokens_per_s",
+    "train_time_s", "wall_time_s",
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt")
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def logged(rows: list[dict], key: str) -> dict[int, float]:
+    return {int(r["step"]): float(r[key]) for r in rows if r.get(key)}
+
+
+class MemoryLogger(Logger):
+    """Keeps log_metrics calls in memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def series(self, key: str) -> dict[int, float]:
+        return {step: m[key] for step, m in self.rows if key in m}
+
+
+class PoisonGrad(L.Callback):
+    """Sets a gradient to ``value`` after the backward of step ``at_step`` (a forced NaN / overflow)."""
+
+    def __init__(self, at_step: int, value: float = float("nan")):
+        self.at_step, self.value = at_step, value
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.at_step:
+            pl_module.model.layers[0].ffn.w1.weight.grad[0, 0] = self.value
+
+
+# --- unit level ---------------------------------------------------------------------------------------------
+
+
+def test_loss_spike_detection_on_a_synthetic_series():
+    series = [3.0 - 0.01 * i + 0.02 * (-1) ** i for i in range(40)]  # slow decrease with alternating noise
+    series[25] += 1.0  # a spike
+    series[32] = float("nan")  # divergence is not a spike
+    scores, spikes = spike_scores(series, window=20, k=4.0, min_history=10)
+    assert [i for i, s in enumerate(spikes) if s] == [25]
+    assert all(math.isnan(s) for s in scores[:10]) and math.isnan(scores[32])
+    window = series[5:25]
+    mean = sum(window) / 20
+    std = math.sqrt(sum((v - mean) ** 2 for v in window) / 20)
+    assert scores[25] == pytest.approx((series[25] - mean) / std)
+    det = LossSpikeDetector(window=5, k=3.0, min_history=3)
+    for v in [2.0, 2.0, 2.0, 2.0005, 2.5]:  # flat history: std floored at min_std, tiny wiggles are no spikes
+        det.update(v)
+    assert det.count == 1
+
+
+def brute_force_max_logit(attn, x, cos, sin) -> float:
+    """Loops over (batch, head, query t, key s <= t) with explicit dot products in float64."""
+    B, T, _ = x.shape
+    H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q = apply_rope(attn.q_norm(attn.wq(x).view(B, T, H, D)), cos, sin).double()  # (B, T, H, D)
+    k = apply_rope(attn.k_norm(attn.wk(x).view(B, T, Hkv, D)), cos, sin).double()  # (B, T, Hkv, D)
+    best = -math.inf
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                for s in range(t + 1):
+                    best = max(best, float(q[b, t, h] @ k[b, s, h // (H // Hkv)]) / math.sqrt(D))
+    return best
+
+
+@torch.no_grad()
+def test_max_attention_logit_matches_brute_force_on_the_probe_batch():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=8,
+                                    qk_norm="layernorm", init_std=0.3))
+    idx = torch.randint(0, 17, (3, 7))
+    inputs = {}
+    for i, block in enumerate(model.layers):  # what attention sees: (x, cos, sin)
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
+    probe = ActivationProbe(model, probe_batch=2)
+    probe.attach(attention=True)
+    model(idx)
+    probe.detach()
+    stats = probe.collect()
+    for i, block in enumerate(model.layers):
+        x, cos, sin = inputs[i]
+        expected = brute_force_max_logit(block.attn, x[:2], cos, sin)  # the probe batch: first 2 sequences
+        assert stats[f"layer/{i}/attn_logit_max"] == pytest.approx(expected, rel=1e-5)
+    assert not probe.attached and all(not b._forward_hooks for b in model.layers)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("stats", ["position", "pooled"])
+def test_bn_stat_distance_is_zero_after_a_step_with_momentum_one(stats):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=17, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm="batchnorm",
+                      norm_options={"momentum": 1.0, "stats": stats})
+    model = Transformer(cfg).train()
+    probe = ActivationProbe(model)
+    probe.attach()
+    model(torch.randint(0, 17, (4, 6)))
+    probe.detach()
+    out = probe.collect()
+    dists = {k: v for k, v in out.items() if k.endswith(("bn_mean_dist", "bn_var_dist"))}
+    assert len(dists) == 2 * (2 * 2 + 1) and all(v == 0.0 for v in dists.values())  # 5 BN sites
+    # with momentum m the running stats move a fraction m of the way: distance = (1 - m) * |batch - old|
+    bn = model.norm
+    bn.momentum = 0.25
+    x = torch.randn(4, 6, 16) * 3 + 1
+    old_mean = bn.running_mean.clone()
+    mu, _ = bn.batch_stats(x)
+    bn(x)
+    rows = slice(0, 6) if stats == "position" else slice(None)
+    d_mu, _ = bn_stat_distance(bn, x)
+    assert float(d_mu) == pytest.approx(0.75 * float((mu - old_mean[rows]).pow(2).mean().sqrt()), rel=1e-5)
+
+
+PROBE_CASES = [(norm, "peri") for norm in sorted(set(NORMS) - {"fused_rmsnorm"})]  # peri: the most sites
+PROBE_CASES += [("rmsnorm", placement) for placement in PLACEMENTS if placement != "peri"]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("norm, placement", PROBE_CASES)  # fused_rmsnorm: RMSNorm's module with a kernel
+def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement):
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm=norm,
+                                    placement=placement)).train()
+    probe = ActivationProbe(model)
+    probe.attach(attention=True)
+    model(torch.randint(0, 11, (2, 5)))
+    probe.detach()
+    stats = probe.collect()
+    sites = [n for n, m in model.named_modules() if isinstance(m, NORM_TYPES)]
+    assert len(sites) == len(probe.sites) and (norm == "none") == (not sites)
+    for site in sites:
+        assert f"norm/{site}/in_rms" in stats and f"norm/{site}/in_max_fp16" in stats
+        if getattr(model.get_submodule(site), "weight", None) is not None:
+            assert f"norm/{site}/gain_mean" in stats
+    layer_keys = ("resid_rms", "resid_max", "attn_logit_max")
+    assert all(f"layer/{i}/{k}" in stats for i in range(2) for k in layer_keys)
+    assert all(math.isfinite(v) for v in stats.values())
+    if norm == "dyt":
+        assert stats["norm/norm/alpha"] == pytest.approx(model.norm.alpha0)
+
+
+def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
+    ckpt = ModelCheckpoint(save_last=True)
+    trainer = SimpleNamespace(global_step=0, should_stop=False, checkpoint_callbacks=[ckpt], loggers=[])
+    module = torch.nn.Linear(2, 2)
+    guard = DivergenceGuard(max_loss=6.0, patience=3)
+    for step, loss in enumerate([5.0, 9.0, 9.0, 4.0, 9.0, 9.0, 9.0, 9.0]):
+        trainer.global_step = step
+        guard.on_train_batch_start(trainer, module, None, step)
+        guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, step)
+        if guard.diverged:
+            break
+    assert (guard.diverged, guard.step, trainer.should_stop) == (True, 6, True)
+    assert "above 6 for 3 consecutive steps" in guard.reason
+    assert ckpt.save_top_k == 0 and ckpt.save_last is False
+    guard = DivergenceGuard(max_loss=None, max_loss_factor=None)
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(1e30)}, None, 0)
+    assert not guard.diverged  # no ceiling: only non-finite values stop
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("inf"))}, None, 0)
+    assert guard.diverged and "non-finite train loss" in guard.reason
+
+
+def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
+    """A real fp16 GradScaler on the CPU (Lightning's MixedPrecision plugin): an inf gradient at step 1 is
+    skipped by the scaler (scale halves), counted, and is not a divergence."""
+    cfg = compose_cfg(tmp_path, corpus)
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = instantiate(cfg.module, _partial_=True)(
+        model=instantiate(cfg.model, vocab_size=dm.vocab_size), optimizer=instantiate(cfg.optimizer))
+    monitor = StabilityMonitor(every_n_steps=1, probe_every_n_steps=None)
+    guard, logger = DivergenceGuard(), MemoryLogger()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=logger, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+                        callbacks=[PoisonGrad(at_step=1, value=float("inf")), monitor, guard])
+    trainer.fit(module, datamodule=dm)
+    assert logger.series("stab/amp_scale") == {0: 1024.0, 1: 512.0, 2: 512.0}
+    assert logger.series("stab/amp_skipped_steps") == {0: 0.0, 1: 1.0, 2: 1.0}
+    assert logger.series("stab/grad_nonfinite")[1] >= 1 and logger.series("stab/grad_nonfinite")[0] == 0
+    assert logger.series("stab/update_ratio")[1] == 0.0  # the skipped step changed nothing
+    assert monitor.skipped_steps == 1 and not guard.diverged
+
+
+def test_without_a_scaler_the_amp_metrics_are_a_no_op():
+    monitor = StabilityMonitor(every_n_steps=1)
+    trainer = SimpleNamespace(precision_plugin=SimpleNamespace(), loggers=[MemoryLogger()], global_step=0)
+    module = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=1, n_heads=2, max_seq_len=8))
+    monitor.on_fit_start(trainer, SimpleNamespace(model=module))
+    assert monitor.scaler is None
+    monitor.on_train_batch_start(trainer, module, None, 0)
+    monitor.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, 0)  # no optimizer step
+    assert monitor.skipped_steps == 0
+    assert not any(k.startswith("stab/amp") for _, m in trainer.loggers[0].rows for k in m)
+
+
+# --- training runs ------------------------------------------------------------------------------------------
+
+
+def expected_metrics(n_layers: int, bn_layers: set[int]) -> set[str]:
+    keys = {f"stab/{k}" for k in ("grad_norm", "grad_nonfinite", "update_ratio", "max_abs_h", "log_z_mean",
+                                  "log_z_max", "max_attn_logit", "loss_spike_score", "loss_spikes")}
+    for i in range(n_layers):
+        keys |= {f"layer/{i}/{k}" for k in ("grad_norm", "update_ratio", "resid_rms", "resid_max",
+                                            "attn_logit_max")}
+        for site in ("attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm"):
+            keys |= {f"norm/layers.{i}.{site}/{k}" for k in ("in_rms", "in_max_fp16", "gain_mean",
+                                                             "gain_std")}
+        if i in bn_layers:
+            keys |= {f"norm/layers.{i}.{s}/bn_{k}_dist" for s in ("attn_norm", "ffn_norm")
+                     for k in ("mean", "var")}
+    return keys | {f"norm/norm/{k}" for k in ("in_rms", "in_max_fp16", "gain_mean", "gain_std")}
+
+
+def test_tiny_run_logs_every_metric_and_writes_a_complete_summary(tmp_path, corpus):
+    # layer 0 uses BatchNorm, layer 1 LayerNorm, both with RMSNorm QK-norm: every kind of norm site
+    cfg = compose_cfg(tmp_path, corpus, "norm=layernorm", "model.qk_norm=rmsnorm",
+                      "model.layers=[{norm:batchnorm},{}]", "callbacks.stability.probe_every_n_steps=2",
+                      "callbacks.stability.spike_min_history=2")
+    metrics = train_script.train(cfg)
+    run = Path(cfg.paths.output_dir)
+    rows = read_rows(run)
+    present = {k for r in rows for k, v in r.items() if v}
+    assert not expected_metrics(2, {0}) - present, sorted(expected_metrics(2, {0}) - present)
+    assert sorted(logged(rows, "layer/0/attn_logit_max")) == [0, 2]  # probe steps only
+    assert sorted(logged(rows, "stab/grad_norm")) == [0, 1, 2, 3]  # every_n_steps = log_every_n_steps = 1
+    assert not any(k.startswith("stab/amp") for k in present)  # fp32: no GradScaler
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert not SUMMARY_FIELDS - set(summary), sorted(SUMMARY_FIELDS - set(summary))
+    assert summary["status"] == "completed"
+    assert summary["diverged"] is False and summary["stopped_early"] is False
+    assert (summary["norm"], summary["placement"], summary["qk_norm"]) == ("layernorm", "pre", "rmsnorm")
+    assert [summary[k] for k in ("lr", "seed", "warmup_steps", "precision")] == [3e-3, 1337, 1, "32-true"]
+    assert (summary["dim"], summary["n_layers"], summary["batch_size"], summary["seq_len"]) == (32, 2, 8, 32)
+    assert summary["steps"] == 4 and summary["tokens"] == 4 * 8 * 32
+    assert summary["test_loss"] == pytest.approx(metrics["test/loss"])
+    assert summary["final_val_loss"] == pytest.approx(logged(rows, "val/loss")[3])
+    assert summary["best_val_loss"] == min(logged(rows, "val/loss").values())
+    assert summary["max_grad_norm"] == pytest.approx(max(logged(rows, "stab/grad_norm").values()))
+    assert summary["max_attn_logit"] == pytest.approx(max(logged(rows, "stab/max_attn_logit").values()))
+    assert summary["max_abs_h"] == pytest.approx(max(logged(rows, "stab/max_abs_h").values()))
+    assert summary["skipped_steps"] == 0 and summary["spike_count"] == 0
+    assert summary["n_params"] > 0 and summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0
+    assert summary["loss_init"] == pytest.approx(math.log(summary["vocab_size"]))
+
+
+def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=8", "trainer.val_check_interval=2",
+                      "+callbacks.poison={_target_:test_callbacks.PoisonGrad,at_step:3}")
+    metrics = train_script.train(cfg)  # returns normally
+    run = Path(cfg.paths.output_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["diverged"] is True and summary["stopped_early"] is True
+    assert summary["status"] == "diverged"
+    assert summary["diverged_step"] == 3 and "non-finite weights" in summary["diverged_reason"]
+    assert summary["steps"] == 4 and summary["best_val_step"] == 2 and math.isfinite(summary["best_val_loss"])
+    assert summary["nonfinite_grad_steps"] == 1 and "test/loss" in metrics
+    assert logged(read_rows(run), "stab/diverged") == {3: 1.0}
+    for name in ("last.ckpt", "best.ckpt"):  # written at step 2, never overwritten by the NaN weights
+        ckpt = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=False)
+        assert ckpt["global_step"] == 2
+        assert all(t.isfinite().all() for t in ckpt["state_dict"].values() if t.is_floating_point())
+    assert not (run / "samples.txt").exists()  # no sample from NaN weights, and no crash
+
+
+def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_path, corpus):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",
+           "data.batch_size=4", "data.val_windows=4", "trainer=cpu", "trainer.max_steps=8",
+           "trainer.val_check_interval=4", "scheduler.warmup_steps=1", "logger=csv", "callbacks=stability",
+           "callbacks.divergence.patience=2", "test=false", f"paths.cache_dir={tmp_path / 'cache'}",
+           f"hydra.sweep.dir={sweep}", "optimizer.lr=1e-2,1e3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    summaries = {s["lr"]: s for s in summaries}
+    assert sorted(summaries) == [1e-2, 1e3]
+    assert summaries[1e3]["diverged"] is True and summaries[1e3]["stopped_early"] is True
+    assert summaries[1e3]["steps"] < 8 and summaries[1e3]["diverged_reason"]
+    assert summaries[1e-2]["diverged"] is False and summaries[1e-2]["steps"] == 8  # the next run went on
+
+    report = write_report(sweep).read_text()
+    assert "| rmsnorm | pre | 1e+03 |" in report and "| 1.00 |" in report and "| 0.00 |" in report
+    assert all((sweep / "report" / p).stat().st_size > 0 for p in ("loss_by_norm.png", "lr_sensitivity.png"))

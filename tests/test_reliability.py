@@ -1,0 +1,426 @@
+"""Reliability: exact resume (preemption, BatchNorm, bf16), determinism, atomic and checked checkpoints, W&B
+fallback (minillm/reliability.py, minillm/loggers.py). docs/reliability.md maps each guarantee to its test."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import wandb
+from helpers import ROOT, TINY, compose_cfg, write_corpus
+from hydra.utils import instantiate
+from lightning.pytorch.plugins import MixedPrecision
+
+import train as train_script
+from minillm.data import TextDataModule
+from minillm.lit_module import LitLM
+from minillm.loggers import SafeWandbLogger
+from minillm.model import ModelConfig
+from minillm.reliability import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_model_config,
+    check_resume,
+    model_config_diff,
+    read_checkpoint_header,
+)
+
+# 6 steps, validation after steps 3 and 6, no callbacks but the preemption one, no test pass
+FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",
+        "scheduler.total_steps=6", "+trainer.enable_progress_bar=false",
+        "+trainer.enable_checkpointing=false"]
+MARKER = "reliability-test: waiting for a signal at step"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_cpu_thread():
+    """Tiny models on a shared CPU run several times faster on one thread (no oversubscribed OpenMP pool)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=8000)
+
+
+def read_metrics(run_dir: Path, key: str) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
+
+
+def run(tmp_path: Path, corpus: Path, *overrides: str) -> Path:
+    cfg = compose_cfg(tmp_path, corpus, *FAST, *overrides)
+    train_script.train(cfg)
+    return Path(cfg.paths.output_dir)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, corpus) -> Path:
+    """The uninterrupted run that every resumed run must reproduce."""
+    return run(tmp_path_factory.mktemp("full"), corpus)
+
+
+class SignalAt(L.Callback):
+    """Sends `signum` to this process after a training step or during a validation (in-process preemption)."""
+
+    def __init__(self, signum: int, step: int, during_validation: bool = False):
+        self.signum, self.step, self.during_validation = signum, step, during_validation
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if not self.during_validation and trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self.during_validation and trainer.global_step == self.step and batch_idx == 0:
+            os.kill(os.getpid(), self.signum)
+
+
+class WaitForSignalAt(L.Callback):
+    """After training step `step`, prints MARKER and waits (at most 60 s) for a signal sent from outside."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            print(f"{MARKER} {self.step}", flush=True)
+            deadline = time.time() + 60
+            while not trainer.received_sigterm and time.time() < deadline:
+                time.sleep(0.02)
+
+
+# --- preemption and exact resume ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+def test_signal_to_train_py_saves_a_checkpoint_that_resumes_exactly(signum, tmp_path, corpus, full_run):
+    """A real `python train.py` gets SIGTERM / Ctrl-C from outside after step 2: it saves preempted.ckpt, logs
+    how to resume and exits 128 + signal; resuming continues at step 2 with the uninterrupted run's losses."""
+    run_dir = tmp_path / "first"
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"data.files=[{corpus}]", *FAST,
+           "+callbacks.wait._target_=test_reliability.WaitForSignalAt", "+callbacks.wait.step=2",
+           f"hydra.run.dir={run_dir}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=env)
+    out = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if MARKER in line:
+                proc.send_signal(signum)
+                break
+        out.extend(proc.stdout)
+        rc = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    text = "".join(out)
+    ckpt = run_dir / "checkpoints" / "preempted.ckpt"
+    assert rc == 128 + signum, text[-3000:]
+    assert f"{signum.name}: stopped at step 2" in text and f"ckpt_path={ckpt}" in text, text[-3000:]
+    assert "Traceback" not in text
+    assert read_checkpoint_header(ckpt)["global_step"] == 2
+
+    resumed = read_metrics(run(tmp_path / "resumed", corpus, f"ckpt_path='{ckpt}'"), "train/loss")
+    full = read_metrics(full_run, "train/loss")
+    assert sorted(resumed) == [2, 3, 4, 5]
+    assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
+
+
+def test_first_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
+    """In-process Ctrl-C: the same path as SIGTERM (the subprocess test above resumes from it)."""
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "+callbacks.signal._target_=test_reliability.SignalAt",
+                      f"+callbacks.signal.signum={int(signal.SIGINT)}", "+callbacks.signal.step=2")
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.train(cfg)
+    assert exit_info.value.code == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a later Ctrl-C is a plain one
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
+    assert read_checkpoint_header(ckpt)["global_step"] == 2
+
+
+@pytest.mark.parametrize("step, during_validation, val_batches", [
+    (3, True, 2),  # signal during a validation: held until it ends, then the run stops
+    (3, False, 1),  # signal in the step before a one-batch validation: stops after it
+    (3, False, 2),  # ... before a longer one: Lightning stops in the middle of the validation
+])
+def test_preemption_around_validation_resumes_exactly(step, during_validation, val_batches, tmp_path, corpus,
+                                                      full_run):
+    val = f"data.val_windows={8 * val_batches}"  # 8 windows per batch
+    cfg = compose_cfg(tmp_path / "first", corpus, *FAST, val,
+                      "+callbacks.signal._target_=test_reliability.SignalAt",
+                      f"+callbacks.signal.signum={int(signal.SIGTERM)}", f"+callbacks.signal.step={step}",
+                      f"+callbacks.signal.during_validation={during_validation}")
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.train(cfg)
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our Ctrl-C handler is gone again
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
+    assert read_checkpoint_header(ckpt)["global_step"] == step
+
+    resumed = read_metrics(run(tmp_path / "resumed", corpus, f"ckpt_path={ckpt}", val), "train/loss")
+    full = read_metrics(full_run, "train/loss")
+    assert sorted(resumed) == list(range(step, 6)), resumed  # logged at the same steps, not one later
+    assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
+
+
+def test_batchnorm_bf16_mixed_resume_is_exact(tmp_path, corpus):
+    """BatchNorm running statistics and the bf16 autocast run are restored: a run resumed from its step-3
+    checkpoint logs the same train losses, and the same val loss (eval mode uses the running statistics)."""
+    common = ["norm=batchnorm", "trainer.precision=bf16-mixed"]
+    every3 = ["+callbacks.every3._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+              f"+callbacks.every3.dirpath={tmp_path / 'every3'}", "+callbacks.every3.every_n_train_steps=3",
+              "+callbacks.every3.save_top_k=-1", "trainer.enable_checkpointing=true"]
+    full = run(tmp_path / "full", corpus, *common, *every3)
+    ckpt = tmp_path / "every3" / "epoch=0-step=3.ckpt"
+    buffers = read_checkpoint_header(ckpt)["state_dict"]
+    assert {"running_mean", "running_var"} <= {k.rsplit(".", 1)[-1] for k in buffers}
+    resumed = run(tmp_path / "resumed", corpus, *common, f"ckpt_path='{ckpt}'")
+    a, b = read_metrics(full, "train/loss"), read_metrics(resumed, "train/loss")
+    assert sorted(b) == [3, 4, 5] and all(a[s] == b[s] for s in b), (a, b)
+    assert read_metrics(full, "val/loss")[5] == read_metrics(resumed, "val/loss")[5]
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+def test_gradscaler_state_is_restored_on_resume(tmp_path, corpus):
+    """fp16 autocast with a GradScaler (an explicit plugin: on CPU trainer.precision=16-mixed runs bf16): the
+    loss scale, lowered by the overflowing first steps, comes back from the checkpoint; the losses match."""
+    def fit(max_steps: int, ckpt_path: Path | None = None, save: bool = False):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # overflows at first: the scale drops
+        recorder = LossRecorder()
+        every3 = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+        trainer = L.Trainer(accelerator="cpu", max_steps=max_steps, limit_val_batches=0, logger=False,
+                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler), AtomicCheckpointIO()],
+                            callbacks=[recorder, every3] if save else [recorder], enable_checkpointing=save,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+        L.seed_everything(0)
+        dm = TextDataModule(source="files", files=[str(corpus)], seq_len=16, batch_size=4,
+                            cache_dir=str(tmp_path / "cache"))
+        dm.prepare_data()
+        dm.setup("fit")
+        model = ModelConfig(vocab_size=dm.vocab_size, dim=16, n_layers=1, n_heads=2, max_seq_len=16)
+        module = LitLM(model, optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        return recorder.losses, scaler.get_scale()
+
+    full, full_scale = fit(6, save=True)
+    ckpt = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    saved_scale = read_checkpoint_header(ckpt)["MixedPrecision"]["scale"]
+    assert saved_scale < 2.0**40
+    resumed, resumed_scale = fit(6, ckpt_path=ckpt)
+    assert sorted(resumed) == [4, 5, 6] and all(full[s] == resumed[s] for s in resumed), (full, resumed)
+    assert resumed_scale == full_scale
+
+
+def test_same_seed_and_config_give_identical_curves(tmp_path, corpus, full_run):
+    again = run(tmp_path, corpus)
+    for key in ("train/loss", "val/loss"):
+        assert read_metrics(full_run, key) == read_metrics(again, key), key
+
+
+# --- checkpoint files ---------------------------------------------------------------------------------
+
+
+def test_trainer_config_uses_the_atomic_checkpoint_io(tmp_path, corpus):
+    trainer = instantiate(compose_cfg(tmp_path, corpus).trainer, logger=False)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    ckpt_io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt_io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    real_save = torch.save
+
+    def half_then_crash(obj, f, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_crash)
+    with pytest.raises(OSError, match="No space left"):
+        ckpt_io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    monkeypatch.undo()
+    ckpt = ckpt_io.load_checkpoint(path)
+    assert ckpt["global_step"] == 1 and torch.equal(ckpt["state_dict"]["w"], torch.ones(3))
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # the temp file is gone
+    ckpt_io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)  # and saving works
+    assert ckpt_io.load_checkpoint(path)["global_step"] == 2
+
+
+def _bad_checkpoint(kind: str, path: Path) -> Path:
+    if kind == "truncated":
+        buffer = io.BytesIO()
+        torch.save({"state_dict": {"w": torch.ones(1000)}, "hyper_parameters": {}}, buffer)
+        path.write_bytes(buffer.getvalue()[:2000])
+    elif kind == "text":
+        path.write_text("not a checkpoint\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "bare_state_dict":  # a torch file, but not a Lightning checkpoint
+        torch.save({"w": torch.ones(2)}, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["truncated", "text", "empty", "bare_state_dict"])
+def test_unreadable_checkpoint_is_a_clear_error_naming_the_file(kind, tmp_path):
+    path = _bad_checkpoint(kind, tmp_path / f"{kind}.ckpt")
+    for load in (AtomicCheckpointIO().load_checkpoint, read_checkpoint_header):
+        with pytest.raises(CheckpointError, match=re.escape(repr(str(path)))):
+            load(path)
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_resume_from_a_truncated_checkpoint_is_a_config_error(tmp_path, corpus):
+    path = _bad_checkpoint("truncated", tmp_path / "last.ckpt")
+    message = f"checkpoint {re.escape(repr(str(path)))} cannot be read"
+    with pytest.raises(train_script.ConfigError, match=message):
+        train_script.train(compose_cfg(tmp_path, corpus, *FAST, f"ckpt_path={path}"))
+
+
+# --- resuming with another model config ---------------------------------------------------------------
+
+
+def test_model_config_diff_lists_fields_and_allows_fused_rmsnorm():
+    saved = ModelConfig(vocab_size=65, dim=32, n_heads=2, norm="rmsnorm").to_dict()
+    assert model_config_diff(saved, {**saved, "norm": "fused_rmsnorm"}) == []
+    check_model_config(saved, {**saved, "norm": "fused_rmsnorm"})
+    layers = [{"norm": "rmsnorm"}, {"norm": "layernorm"}]
+    assert model_config_diff({**saved, "layers": layers}, {**saved, "layers": [{"norm": "fused_rmsnorm"},
+                                                                               {"norm": "layernorm"}]}) == []
+    other = {**saved, "norm": "layernorm", "placement": "post", "dim": 64, "vocab_size": 256}
+    assert model_config_diff(saved, other) == [
+        "dim: checkpoint 32, config 64", "norm: checkpoint 'rmsnorm', config 'layernorm'",
+        "placement: checkpoint 'pre', config 'post'", "vocab_size: checkpoint 65, config 256"]
+    with pytest.raises(CheckpointError, match="no hyper_parameters"):
+        check_model_config(None, saved)
+
+
+def test_resume_with_another_model_config_is_one_config_error(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "norm=layernorm", "placement=post")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    saved = instantiate(cfg.model, vocab_size=dm.vocab_size).to_dict()
+    ckpt = tmp_path / "other.ckpt"
+    other = {**saved, "norm": "rmsnorm", "dim": 64}
+    torch.save({"state_dict": {}, "hyper_parameters": {"model": other}}, ckpt)
+    with pytest.raises(train_script.ConfigError) as err:
+        train_script.train(compose_cfg(tmp_path, corpus, *FAST, "norm=layernorm", "placement=post",
+                                       f"ckpt_path='{ckpt}'"))
+    message = str(err.value)
+    assert "\n" not in message and str(ckpt) in message
+    assert "dim: checkpoint 64, config 32" in message
+    assert "norm: checkpoint 'rmsnorm', config 'layernorm'" in message
+    assert not (Path(cfg.paths.output_dir) / "csv").exists()  # failed before any training
+
+
+def test_sharded_checkpoint_directory_is_checked_through_its_metadata(tmp_path):
+    """FSDP's sharded checkpoints are directories; their meta.pt holds the hyper_parameters."""
+    model = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2).to_dict()
+    (tmp_path / "sharded.ckpt").mkdir()
+    torch.save({"hyper_parameters": {"model": model}}, tmp_path / "sharded.ckpt" / "meta.pt")
+    check_resume(tmp_path / "sharded.ckpt", model)
+    with pytest.raises(CheckpointError, match="dim: checkpoint 16, config 32"):
+        check_resume(tmp_path / "sharded.ckpt", {**model, "dim": 32})
+
+
+def test_lightning_module_refuses_another_model_but_takes_fused_rmsnorm():
+    """LitLM.on_load_checkpoint (Lightning calls it before loading the weights) guards trainer.fit(ckpt_path)
+    outside train.py too, also where the state_dicts would match (placement, eps)."""
+    model = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, max_seq_len=8, norm="rmsnorm")
+    saved = LitLM(model)
+    fused = {**model.to_dict(), "norm": "fused_rmsnorm"}
+    hparams = {**dict(saved.hparams), "model": fused}
+    checkpoint = {"state_dict": saved.state_dict(), "hyper_parameters": hparams}
+    module = LitLM(model)
+    module.on_load_checkpoint(checkpoint)  # a fused-RMSNorm checkpoint into a plain RMSNorm model
+    module.load_state_dict(checkpoint["state_dict"])  # strict: the same keys and shapes
+    for name, value in (("placement", "peri"), ("norm_eps", 1e-6), ("norm", "layernorm")):
+        with pytest.raises(CheckpointError, match=f"{name}: checkpoint"):
+            LitLM(ModelConfig(**{**model.to_dict(), name: value})).on_load_checkpoint(checkpoint)
+
+
+# --- W&B ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unreachable_wandb(tmp_path, monkeypatch):
+    """WANDB_MODE=online against a closed loopback port; no real key, config or netrc is read."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the socket is
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "f" * 40)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    wandb.teardown()  # wandb reads the environment once per process setup
+    yield
+    wandb.finish()
+    wandb.teardown()
+
+
+def test_training_runs_to_the_end_when_wandb_server_is_unreachable(unreachable_wandb, tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "logger=wandb", "+logger.wandb.init_timeout=2")
+    start = time.time()
+    with pytest.warns(UserWarning, match="W&B could not start online .*logging offline instead"):
+        metrics = train_script.train(cfg)
+    assert time.time() - start < 60
+    assert "train/loss" in metrics
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_wandb_without_api_key_falls_back_to_offline(unreachable_wandb, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY")
+    logger = SafeWandbLogger(project="minillm", save_dir=str(tmp_path), offline=False, init_timeout=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger.log_metrics({"train/loss": 1.0}, step=0)
+    messages = [str(w.message) for w in caught]
+    assert any("could not start online (UsageError: No API key" in m for m in messages), messages
+    assert logger._offline
+    logger.finalize("success")
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_each_logger_in_one_process_gets_its_own_run(tmp_path, monkeypatch):
+    """The jobs of an in-process Hydra sweep (plain WandbLogger logs the second into the first one's run)."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    ids = []
+    for job in ("a", "b"):
+        logger = SafeWandbLogger(project="minillm", name=job, save_dir=str(tmp_path / job))
+        logger.log_metrics({"train/loss": 1.0}, step=0)
+        ids.append(logger.experiment.id)
+        assert "WANDB_MODE" not in os.environ  # WandbLogger's WANDB_MODE=dryrun does not leak to the next job
+    wandb.finish()
+    assert ids[0] != ids[1]
+    assert list((tmp_path / "b" / "wandb").glob("offline-run-*"))
