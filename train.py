@@ -11,19 +11,25 @@ import logging
 import sys
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from minillm.norms import norm_options
 from minillm.reliability import check_resume
 
 log = logging.getLogger("minillm")
-PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
+# Lightning's advertisement for its cloud logger, printed at every start; not useful here
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch 2.13
 
 
 class ConfigError(ValueError):
@@ -53,15 +59,26 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"optimizer.lr={lr!r} is invalid: must be a number > 0")
     accelerator = cfg.trainer.get("accelerator")
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if precision == "16-mixed" and on_cpu:
+    if precision in ("16-mixed", "16") and on_cpu:
         warnings.warn("trainer.precision=16-mixed on a CPU: Lightning runs bf16-mixed instead (no fp16 AMP "
                       "or GradScaler on CPUs); use a GPU to study fp16 loss scaling.", UserWarning, stacklevel=2)
+
+
+def group_sweeps(cfg: DictConfig) -> None:
+    """In a Hydra multirun, make the W&B group name + the sweep's timestamp: one group per sweep."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    wandb = (cfg.get("logger") or {}).get("wandb")
+    if wandb is not None:
+        with open_dict(cfg):
+            wandb.group = f"{cfg.name}-{Path(HydraConfig.get().sweep.dir).name}"
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Set up data, model, callbacks, loggers and trainer; fit; test on the whole held-out split."""
     with config_errors():
         check_config(cfg)
+        group_sweeps(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         datamodule.prepare_data()
@@ -79,7 +96,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     n_params = module.model.num_params()
-    log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, placement={model_cfg.placement}")
+    log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, "
+             f"placement={model_cfg.placement}")
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["n_params"] = n_params
     for logger in trainer.loggers:
@@ -91,7 +109,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("test", False):
         trainer.test(module, datamodule=datamodule, verbose=False)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
-        log.info("held-out: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("test/")))
+        held_out = (f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k.startswith("test/"))
+        log.info("held-out: " + ", ".join(held_out))
     return metrics
 
 

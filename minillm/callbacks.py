@@ -44,9 +44,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import grad_norm, rank_zero_only, rank_zero_warn
 from torch import Tensor, nn
+from torch.nn.utils import get_total_norm
 
 from minillm.norms import NORMS, BatchNorm, NoNorm
 
@@ -280,9 +282,9 @@ class StabilityMonitor(L.Callback):
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
         self.probe: ActivationProbe | None = None
         self.scaler = None
-        # run totals, read by RunSummary
-        self.max_grad_norm: float | None = None
-        self.nonfinite_grad_steps = 0
+        # run totals, read by RunSummary; the gradient ones cover every step and stay on the device
+        self._max_grad_norm: Tensor | None = None
+        self._nonfinite_grad_steps: Tensor | int = 0
         self.max_attn_logit: float | None = None
         self.max_abs_h: float | None = None
         self.max_log_z: float | None = None
@@ -299,6 +301,16 @@ class StabilityMonitor(L.Callback):
     @property
     def skipped_steps(self) -> int:
         return int(self._skipped)
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        """Largest finite global gradient norm over every optimizer step (after unscaling, before clipping)."""
+        return None if self._max_grad_norm is None else float(self._max_grad_norm)
+
+    @property
+    def nonfinite_grad_steps(self) -> int:
+        """Optimizer steps whose gradients held an inf or NaN (under 16-mixed: the steps the scaler skipped)."""
+        return int(self._nonfinite_grad_steps)
 
     @property
     def spike_count(self) -> int:
@@ -320,6 +332,13 @@ class StabilityMonitor(L.Callback):
         self._stepped = True
         if self.scaler is not None and getattr(self.scaler, "_scale", None) is not None:
             self._scale_before = self.scaler._scale.detach().clone()
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if grads:  # every step: one fused norm, no device sync (read once, at the end)
+            total = get_total_norm(grads, 2.0)
+            finite = total.isfinite()
+            self._nonfinite_grad_steps = self._nonfinite_grad_steps + (~finite).long()
+            total = torch.where(finite, total, torch.zeros_like(total))
+            self._max_grad_norm = total if self._max_grad_norm is None else torch.maximum(self._max_grad_norm, total)
         if not self._measure:
             return
         if self.probe is not None:
@@ -415,10 +434,6 @@ class StabilityMonitor(L.Callback):
         if logits:
             metrics["stab/max_attn_logit"] = max(logits)
             self.max_attn_logit = _finite_max(self.max_attn_logit, metrics["stab/max_attn_logit"])
-        if "stab/grad_norm" in metrics:
-            self.max_grad_norm = _finite_max(self.max_grad_norm, metrics["stab/grad_norm"])
-        if metrics.get("stab/grad_nonfinite", 0) > 0:
-            self.nonfinite_grad_steps += 1
         if "stab/log_z_max" in metrics:
             self.max_log_z = _finite_max(self.max_log_z, metrics["stab/log_z_max"])
 
@@ -510,14 +525,17 @@ class RunSummary(L.Callback):
     One flat JSON object (non-finite numbers written as null):
       config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
-               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V
+               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
+               unigram_loss (val loss of the train split's unigram frequencies, from the datamodule)
       results  status (completed | diverged | failed), error, steps, final_val_loss, best_val_loss,
-               best_val_step, test_loss, diverged, diverged_step, diverged_reason, stopped_early,
+               best_val_step, test_loss, diverged, diverged_step, diverged_reason, stopped_early, failed,
                max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z,
                skipped_steps, amp_scale, tokens, train_time_s (validation excluded), tokens_per_s,
                wall_time_s (from the callback's creation), run_dir
-    diverged follows EXPERIMENTS.md: DivergenceGuard stopped the run, or the final val loss is >= ln V.
-    The StabilityMonitor maxima are over its measured steps. ``config`` (from the YAML, e.g.
+    diverged and failed follow EXPERIMENTS.md: diverged = DivergenceGuard stopped the run, or the final val
+    loss is >= ln V; failed = diverged, or no finite final val loss, or a final val loss >= unigram_loss.
+    max_grad_norm and nonfinite_grad_steps cover every step; the other StabilityMonitor maxima its measured
+    steps. ``config`` (from the YAML, e.g.
     ``seed: ${seed}``) is written as given; the rest is read from the module, the trainer's optimizer and
     the other callbacks.
     """
@@ -619,6 +637,7 @@ class RunSummary(L.Callback):
             "n_params": model.num_params() if hasattr(model, "num_params") else
             sum(p.numel() for p in model.parameters()),
             "loss_init": loss_init,
+            "unigram_loss": getattr(trainer.datamodule, "unigram_loss", None) if trainer.datamodule else None,
         })
         finite_vals = [(st, v) for st, v in self.val_history if math.isfinite(v)]
         best = min(finite_vals, key=lambda sv: sv[1]) if finite_vals else (None, None)
@@ -637,6 +656,8 @@ class RunSummary(L.Callback):
             "test_loss": self.test_loss,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": bool(guard and guard.diverged),
+            "failed": diverged or final_val is None or not math.isfinite(final_val)
+            or (s["unigram_loss"] is not None and final_val >= s["unigram_loss"]),
             "max_grad_norm": getattr(monitor, "max_grad_norm", None),
             "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),
             "spike_count": getattr(monitor, "spike_count", None),
@@ -674,6 +695,16 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
+class ProgressBar(RichProgressBar):
+    """Lightning's rich progress bar; with max_epochs=-1 (training by steps) the label is "Epoch N", not
+    "Epoch N/-2". The bar's total is already the steps left to max_steps."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)
+
+
 class TextSample(L.Callback):
     """Generate text from ``prompt`` when training ends: printed, written to samples.txt and logged to W&B."""
 
@@ -706,15 +737,19 @@ class TextSample(L.Callback):
         pl_module.train(was_training)
         return tokenizer.decode(out[0].tolist())
 
-    @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Every process generates (a sharded model needs all of them in each forward); rank 0 reports."""
         tokenizer = getattr(trainer.datamodule, "tokenizer", None)
         if tokenizer is None or self.max_new_tokens <= 0:
             return
-        if not params_finite(pl_module):  # a diverged model cannot be sampled (NaN probabilities)
-            print(f"\n--- no sample after {trainer.global_step} steps: non-finite weights ---")
+        finite = trainer.strategy.reduce_boolean_decision(params_finite(pl_module), all=True)
+        if not finite:  # a diverged model cannot be sampled (NaN probabilities)
+            if trainer.is_global_zero:
+                print(f"\n--- no sample after {trainer.global_step} steps: non-finite weights ---")
             return
         text = self.sample(pl_module, tokenizer)
+        if not trainer.is_global_zero:
+            return
         print(f"\n--- sample after {trainer.global_step} steps ---\n{text}\n---")
         Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(trainer.default_root_dir) / "samples.txt", "a") as f:
@@ -724,6 +759,6 @@ class TextSample(L.Callback):
                 logger.log_text("samples", columns=["step", "text"], data=[[trainer.global_step, text]])
 
 
-__all__: Sequence[str] = ("ActivationProbe", "DivergenceGuard", "LossSpikeDetector", "RunSummary",
+__all__: Sequence[str] = ("ActivationProbe", "DivergenceGuard", "LossSpikeDetector", "ProgressBar", "RunSummary",
                           "StabilityMonitor", "TextSample", "bn_stat_distance", "max_attention_logit",
                           "params_finite", "spike_scores")

@@ -409,6 +409,10 @@ class RandomWindows(Dataset):
         self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
         self.n_starts = len(tokens) - seq_len  # starts 0 .. N - seq_len - 1 leave room for T + 1 tokens
 
+    def __len__(self) -> int:
+        """Nominal size (the number of distinct starts); the train loader's OffsetSampler goes beyond it."""
+        return self.n_starts
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return _window(self.tokens, int(window_starts(self.seed, [i], self.n_starts)[0]), self.seq_len)
 
@@ -531,12 +535,24 @@ class TextDataModule(L.LightningDataModule):
         self.val_tokens: np.ndarray | None = None  # (N_val,)
         self.cache_path: Path | None = None
         self.cache_hit: bool | None = None
+        self._unigram_loss: float | None = None
 
     @property
     def vocab_size(self) -> int:
         if self.tokenizer is None:
             raise RuntimeError("call prepare_data() and setup() first")
         return self.tokenizer.vocab_size
+
+    @property
+    def unigram_loss(self) -> float:
+        """Cross entropy (nats/token) of the val split under the train split's token frequencies (add-one
+        smoothing): what a model that ignores all context scores. A run that ends above it failed."""
+        if self._unigram_loss is None:
+            if self.train_tokens is None:
+                raise RuntimeError("call prepare_data() and setup() first")
+            counts = np.bincount(self.train_tokens, minlength=self.vocab_size) + 1.0  # (V,)
+            self._unigram_loss = float(-np.log(counts / counts.sum())[self.val_tokens].mean())
+        return self._unigram_loss
 
     def _cache_name(self) -> str:
         return self.hub_name.replace("/", "__") if self.source == "hub" else self.source

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics import MeanMetric
 
 from minillm.model import ModelConfig, Transformer
 from minillm.reliability import check_model_config
@@ -65,6 +66,7 @@ class LitLM(L.LightningModule):
         if compile:
             self.model.compile(backend=compile_backend, mode=compile_mode)  # in place: same state_dict keys
         self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
+        self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
 
     def setup(self, stage: str) -> None:
         tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
@@ -93,23 +95,35 @@ class LitLM(L.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         return loss
 
-    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+    def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch
         _, ce = self.loss(self(x), y)
-        self.log(f"{stage}/loss", ce, prog_bar=stage == "val", sync_dist=True, batch_size=x.numel())
-        self.log(f"{stage}/ppl", ce.exp(), sync_dist=True, batch_size=x.numel())
+        self.eval_ce.update(ce, weight=y.numel())
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        """loss = mean CE over every evaluated token (all processes); ppl = exp(loss); bpc = loss in bits."""
+        ce = self.eval_ce.compute()
+        self.eval_ce.reset()
+        self.log(f"{stage}/loss", ce, prog_bar=stage == "val")
+        self.log(f"{stage}/ppl", ce.exp())
         if self.bits_per_token:
-            self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True, batch_size=x.numel())
+            self.log(f"{stage}/bpc", ce * self.bits_per_token)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""
         check_model_config((checkpoint.get("hyper_parameters") or {}).get("model"), self.hparams["model"])
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val")
+        self._eval_step(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+        self._eval_step(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
 
     def param_groups(self) -> list[dict]:
         decay, no_decay = [], []
@@ -124,7 +138,8 @@ class LitLM(L.LightningModule):
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:
-            raise ValueError("LitLM needs an optimizer factory to train, e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
+            raise ValueError("LitLM needs an optimizer factory to train, "
+                             "e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
         optimizer = self.optimizer_factory(self.param_groups())
         if self.scheduler_factory is None:
             return optimizer

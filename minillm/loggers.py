@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -12,18 +13,22 @@ from lightning.pytorch.utilities import rank_zero_warn
 class SafeWandbLogger(WandbLogger):
     """WandbLogger that respects ``WANDB_MODE`` and falls back to offline logging when W&B cannot start.
 
+    ``run_tags`` are added to ``tags`` (the config gives norm:, placement:, lr:, precision:, seed: tags).
     ``WANDB_MODE=online`` (or ``offline: false``) logs online; with no network or no API key the run
     continues offline with a warning, and ``wandb sync <run dir>/wandb/offline-run-*`` uploads it later.
     """
 
-    def __init__(self, *args, offline: bool = True, init_timeout: float = 30.0, **kwargs):
+    def __init__(self, *args, offline: bool = True, init_timeout: float = 30.0, run_tags: Sequence[str] = (),
+                 **kwargs):
         mode = os.environ.get("WANDB_MODE", "").lower()
         if mode in ("online", "run"):
             offline = False
         elif mode in ("offline", "dryrun"):
             offline = True
         kwargs.setdefault("settings", {"init_timeout": init_timeout, "silent": True})
+        kwargs["tags"] = [*(kwargs.get("tags") or []), *run_tags]  # the user's tags, then norm:/placement:/...
         super().__init__(*args, offline=offline, **kwargs)
+        self._wandb_init.pop("anonymous", None)  # deprecated in wandb; passing it at all prints a warning
 
     @property
     @rank_zero_experiment

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from minillm.norms import NORMS, build_norm, norm_options
 
-PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm", "mix")
+BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
+PLACEMENTS = (*BLOCK_PLACEMENTS, "mix")  # mix: post in the first layers, pre after
 QK_NORMS = ("none", "rmsnorm", "layernorm")
 
 
@@ -31,7 +32,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
     placement: str = "pre"
-    mix_fraction: float = 0.25  # placement="mix": Post-LN in the first round(fraction * n_layers) layers
+    mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
     layers: list[dict] | None = None  # per-layer overrides: [{"placement": "post", "norm": "layernorm"}, ...]
     qk_norm: str = "none"  # norm applied per head to queries and keys, before RoPE
     ffn_hidden: int | None = None  # None: LLaMA's 8/3 * dim rounded up to multiple_of
@@ -64,6 +65,10 @@ class ModelConfig:
             fail("qk_norm", self.qk_norm, f"allowed: {', '.join(QK_NORMS)}")
         if not 0.0 <= self.mix_fraction <= 1.0:
             fail("mix_fraction", self.mix_fraction, "must be in [0, 1]")
+        if self.placement == "mix" and not 0 < self.mix_post_layers() < self.n_layers:
+            fail("mix_fraction", self.mix_fraction, f"placement=mix with n_layers={self.n_layers} gives "
+                 f"{self.mix_post_layers()} Post-LN layers (floor(fraction * n_layers)); it needs between 1 and "
+                 f"{self.n_layers - 1}, otherwise use placement=pre or post")
         if not self.norm_eps >= 0:
             fail("norm_eps", self.norm_eps, "must be >= 0")
         if self.layers is not None:
@@ -72,22 +77,27 @@ class ModelConfig:
             for i, spec in enumerate(self.layers):
                 if set(spec) - {"placement", "norm"}:
                     fail(f"layers[{i}]", spec, "keys allowed: placement, norm")
-                if spec.get("placement", "pre") not in PLACEMENTS[:-1]:
-                    fail(f"layers[{i}].placement", spec["placement"], f"allowed: {', '.join(PLACEMENTS[:-1])}")
+                if spec.get("placement", "pre") not in BLOCK_PLACEMENTS:
+                    fail(f"layers[{i}].placement", spec["placement"], f"allowed: {', '.join(BLOCK_PLACEMENTS)}")
                 if spec.get("norm", self.norm) not in NORMS:
                     fail(f"layers[{i}].norm", spec["norm"], f"allowed: {', '.join(sorted(NORMS))}")
         self.head_dim = self.dim // self.n_heads
         if self.ffn_hidden is None:
             self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
 
+    def mix_post_layers(self) -> int:
+        """Number of leading Post-LN layers of placement="mix" (Mix-LN: floor(alpha * L))."""
+        return math.floor(self.mix_fraction * self.n_layers + 1e-9)
+
     def layer_specs(self) -> list[tuple[str, str]]:
-        """(placement, norm) of each layer, with 'mix' and the per-layer overrides resolved."""
-        if self.layers is not None:
-            return [(s.get("placement", self.placement), s.get("norm", self.norm)) for s in self.layers]
-        if self.placement == "mix":
-            n_post = round(self.mix_fraction * self.n_layers)
-            return [("post" if i < n_post else "pre", self.norm) for i in range(self.n_layers)]
-        return [(self.placement, self.norm)] * self.n_layers
+        """(placement, norm) of each layer: 'mix' resolved per layer, then the per-layer overrides."""
+        def placement(i: int) -> str:
+            if self.placement == "mix":
+                return "post" if i < self.mix_post_layers() else "pre"
+            return self.placement
+
+        specs = self.layers if self.layers is not None else [{}] * self.n_layers
+        return [(s.get("placement", placement(i)), s.get("norm", self.norm)) for i, s in enumerate(specs)]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -169,6 +179,9 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One decoder layer. For each sublayer f (attention, then feed-forward):
 
+        pre:  x ─┬─ norm ─ f ─(+)─>        post:  x ─┬─ f ─(+)─ norm ─>
+                 └─────────────┘                     └──────┘
+
         pre       x + f(norm(x))                    GPT-2, LLaMA
         post      norm(x + f(x))                    original Transformer
         peri      x + norm_out(f(norm(x)))          Peri-LN / Gemma 2 "sandwich"
@@ -178,6 +191,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, placement: str, norm: str):
         super().__init__()
+        if placement not in BLOCK_PLACEMENTS:
+            raise ValueError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
         self.placement = placement
         self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
         self.attn = Attention(cfg)

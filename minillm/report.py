@@ -141,8 +141,9 @@ def summarize(runs: Sequence[Run]) -> dict[str, Any]:
     extra = varying_keys(runs)
     rows = []
     for key, members in group_runs(runs, [*GROUP_KEYS, *extra]).items():
-        best = _finite(r.get("best_val_loss") for r in members)
-        final = _finite(r.get("final_val_loss") for r in members)
+        ok = [r for r in members if not r.get("diverged")]  # a diverged run's earlier validations do not count
+        best = _finite(r.get("best_val_loss") for r in ok)
+        final = _finite(r.get("final_val_loss") for r in ok)
         rows.append({
             **dict(zip([*GROUP_KEYS, *extra], key, strict=True)),
             "runs": len(members), "seeds": sorted(_finite(r.get("seed") for r in members)),
@@ -150,6 +151,7 @@ def summarize(runs: Sequence[Run]) -> dict[str, Any]:
             "best_val_loss_std": statistics.stdev(best) if len(best) > 1 else None,
             "best_val_loss": _mean_std(best), "final_val_loss": _mean_std(final),
             "diverged_fraction": sum(bool(r.get("diverged")) for r in members) / len(members),
+            "failed_fraction": sum(bool(r.get("failed")) for r in members) / len(members),
             "max_attn_logit": _max(r.get("max_attn_logit") for r in members),
             "max_abs_h": _max(r.get("max_abs_h") for r in members),
             "max_grad_norm": _max(r.get("max_grad_norm") for r in members),
@@ -185,10 +187,10 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
     extra = data["extra_keys"]
     main = _table(
-        [*GROUP_KEYS, *extra, "runs", "best val loss (mean ± std)", "final val loss", "diverged",
+        [*GROUP_KEYS, *extra, "runs", "best val loss (mean ± std)", "final val loss", "diverged", "failed",
          "max attn logit", "max abs h", "max grad norm", "spikes", "skipped", "tokens/s"],
         ([*(r[k] for k in (*GROUP_KEYS, *extra)), r["runs"], r["best_val_loss"], r["final_val_loss"],
-          f"{r['diverged_fraction']:.2f}", r["max_attn_logit"], r["max_abs_h"], r["max_grad_norm"],
+          f"{r['diverged_fraction']:.2f}", f"{r['failed_fraction']:.2f}", r["max_attn_logit"], r["max_abs_h"], r["max_grad_norm"],
           r["spike_count"], r["skipped_steps"], r["tokens_per_s"]] for r in data["rows"]))
     sens = _table(
         ["norm", "placement", *extra, "LR sensitivity", "best lr", "best loss", "highest stable lr",

@@ -36,10 +36,10 @@ from minillm.report import write_report
 SUMMARY_FIELDS = {  # config
     "name", "norm", "placement", "lr", "warmup_steps", "precision", "precision_used", "seed", "dim",
     "n_layers", "n_heads", "n_kv_heads", "qk_norm", "vocab_size", "max_seq_len", "batch_size", "seq_len",
-    "max_steps", "grad_clip", "n_params", "loss_init",
+    "max_steps", "grad_clip", "n_params", "loss_init", "unigram_loss",
 } | {  # results
     "status", "steps", "final_val_loss", "best_val_loss", "best_val_step", "test_loss", "diverged",
-    "diverged_step", "diverged_reason", "stopped_early", "max_grad_norm", "nonfinite_grad_steps",
+    "diverged_step", "diverged_reason", "stopped_early", "failed", "max_grad_norm", "nonfinite_grad_steps",
     "spike_count", "max_attn_logit", "max_abs_h", "max_log_z", "skipped_steps", "tokens", "tokens_per_s",
     "train_time_s", "wall_time_s",
 }
@@ -310,6 +310,20 @@ def test_tiny_run_logs_every_metric_and_writes_a_complete_summary(tmp_path, corp
     assert summary["skipped_steps"] == 0 and summary["spike_count"] == 0
     assert summary["n_params"] > 0 and summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0
     assert summary["loss_init"] == pytest.approx(math.log(summary["vocab_size"]))
+    assert 0 < summary["unigram_loss"] < summary["loss_init"]
+    assert summary["failed"] is (summary["final_val_loss"] >= summary["unigram_loss"])
+
+
+def test_max_grad_norm_covers_every_step_not_only_the_measured_ones(tmp_path, corpus):
+    every = compose_cfg(tmp_path / "a", corpus, "trainer.max_steps=6", "callbacks.stability.every_n_steps=1")
+    train_script.train(every)
+    norms = logged(read_rows(Path(every.paths.output_dir)), "stab/grad_norm")
+    assert sorted(norms) == list(range(6)) and max(norms, key=norms.get) % 4 != 0  # the max is not measured below
+    sparse = compose_cfg(tmp_path / "b", corpus, "trainer.max_steps=6", "callbacks.stability.every_n_steps=4")
+    train_script.train(sparse)
+    summary = json.loads((Path(sparse.paths.output_dir) / "summary.json").read_text())
+    assert sorted(logged(read_rows(Path(sparse.paths.output_dir)), "stab/grad_norm")) == [0, 4]
+    assert summary["max_grad_norm"] == pytest.approx(max(norms.values()), rel=1e-6)  # same run, deterministic
 
 
 def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
@@ -323,6 +337,7 @@ def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(
     assert summary["diverged_step"] == 3 and "non-finite weights" in summary["diverged_reason"]
     assert summary["steps"] == 4 and summary["best_val_step"] == 2 and math.isfinite(summary["best_val_loss"])
     assert summary["nonfinite_grad_steps"] == 1 and "test/loss" in metrics
+    assert summary["failed"] is True
     assert logged(read_rows(run), "stab/diverged") == {3: 1.0}
     for name in ("last.ckpt", "best.ckpt"):  # written at step 2, never overwritten by the NaN weights
         ckpt = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=False)

@@ -2,6 +2,7 @@
 
 import importlib.util
 import itertools
+import math
 import shutil
 import threading
 import warnings
@@ -585,3 +586,11 @@ def test_lightning_resume_continues_the_exact_batch_stream(
     assert len(full.seen) == total * accum
     assert first.seen + rest.seen == full.seen
     assert len({tuple(b) for b in full.seen}) == len(full.seen)  # new epochs bring new windows
+
+
+def test_unigram_loss_is_val_cross_entropy_under_add_one_train_frequencies():
+    dm = TextDataModule(source="files", files=["unused.txt"])
+    dm.tokenizer = CharTokenizer("ab")
+    dm.train_tokens, dm.val_tokens = np.array([0, 0, 1], dtype=np.uint8), np.array([1, 1, 0], dtype=np.uint8)
+    # counts + 1 = [3, 2] -> p = [0.6, 0.4]; val: two b's and one a
+    assert dm.unigram_loss == pytest.approx(-(2 * math.log(0.4) + math.log(0.6)) / 3)

@@ -60,7 +60,8 @@ def kw(name: str, T: int = 8) -> dict:
 
 
 def tiny(**k) -> ModelConfig:
-    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+    # mix_fraction 0.5: placement="mix" makes layer 0 Post-LN and layer 1 Pre-LN (a real mix at 2 layers)
+    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mix_fraction=0.5)
     return ModelConfig(**{**base, **k})
 
 

@@ -13,7 +13,8 @@ V = 37
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
+    # mix_fraction 0.5: placement="mix" makes layer 0 Post-LN and layer 1 Pre-LN (a real mix at 2 layers)
+    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mix_fraction=0.5)
     return ModelConfig(**{**base, **kw})
 
 
@@ -122,7 +123,7 @@ def test_block_placement_wiring_matches_its_diagram():
         for p in b.parameters():  # non-trivial norms
             if p.ndim == 1:
                 p.data.uniform_(0.5, 1.5)
-        attn = lambda h: b.attn(h, cos, sin)  # noqa: E731
+        attn = lambda h, b=b: b.attn(h, cos, sin)  # noqa: E731
         h = x
         if placement == "pre":
             h = h + attn(b.attn_norm(h))
@@ -153,8 +154,28 @@ def test_final_norm_only_when_the_last_block_does_not_end_normalized():
 def test_mix_puts_post_ln_in_exactly_the_first_layers():
     cfg = tiny(n_layers=8, placement="mix", mix_fraction=0.25)
     assert [b.placement for b in Transformer(cfg).layers] == ["post"] * 2 + ["pre"] * 6
-    assert [p for p, _ in tiny(n_layers=4, placement="mix", mix_fraction=0.5).layer_specs()] == [
-        "post", "post", "pre", "pre"]
+    assert [b.placement for b in Transformer(tiny(placement="mix")).layers] == ["post", "pre"]
+    # floor(alpha * L) as Mix-LN: 6 layers x 0.25 = 1.5 -> 1 Post-LN layer; 10 x 0.3 = 3 exactly
+    assert [p for p, _ in tiny(n_layers=6, placement="mix", mix_fraction=0.25).layer_specs()] == [
+        "post"] + ["pre"] * 5
+    assert [p for p, _ in tiny(n_layers=10, placement="mix", mix_fraction=0.3).layer_specs()].count("post") == 3
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_mix_that_is_all_pre_or_all_post_is_an_error(fraction):
+    with pytest.raises(ValueError, match=r"model.mix_fraction=.* gives [02] Post-LN layers"):
+        tiny(placement="mix", mix_fraction=fraction)
+
+
+def test_mix_with_per_layer_overrides_resolves_mix_for_the_other_layers():
+    """Regression: layers without a placement used to get the literal 'mix' and run as DeepNorm."""
+    cfg = tiny(n_layers=4, placement="mix", mix_fraction=0.5,
+               layers=[{"norm": "layernorm"}, {}, {"placement": "peri"}, {}])
+    model = Transformer(cfg)
+    assert [b.placement for b in model.layers] == ["post", "post", "peri", "pre"]
+    assert type(model.layers[0].attn_norm).__name__ == "LayerNorm"
+    with pytest.raises(ValueError, match="block placement 'mix' is invalid"):
+        Block(tiny(), "mix", "rmsnorm")
 
 
 def test_per_layer_override_sets_placement_and_norm():
@@ -193,6 +214,26 @@ def test_tied_embeddings_share_one_matrix():
     m = Transformer(tiny(tie_embeddings=True))
     assert m.lm_head.weight is m.tok_emb.weight
     assert m.num_params() == Transformer(tiny()).num_params() - V * 32
+
+
+@pytest.mark.parametrize("qk_norm", ["rmsnorm", "layernorm"])
+def test_qk_norm_is_applied_per_head_before_rope(qk_norm):
+    """q = rope(q_norm(wq x)), not q_norm(rope(wq x)): the two differ once the gain is not uniform."""
+    torch.manual_seed(0)
+    cfg = tiny(qk_norm=qk_norm)
+    attn = Transformer(cfg).layers[0].attn
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.uniform_(0.5, 2.0)
+    x = torch.randn(2, 5, cfg.dim)
+    cos, sin = rope_tables(cfg.head_dim, 5, cfg.rope_theta)
+    q, k = attn.qk(x, cos, sin)  # (B, H, T, D), (B, Hkv, T, D)
+    heads = attn.wq(x).view(2, 5, cfg.n_heads, cfg.head_dim)  # (B, T, H, D)
+    torch.testing.assert_close(q, apply_rope(attn.q_norm(heads), cos, sin).transpose(1, 2))
+    kv = attn.wk(x).view(2, 5, cfg.n_kv_heads, cfg.head_dim)
+    torch.testing.assert_close(k, apply_rope(attn.k_norm(kv), cos, sin).transpose(1, 2))
+    after = attn.q_norm(apply_rope(heads, cos, sin)).transpose(1, 2)
+    assert (q - after).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("qk_norm", ["rmsnorm", "layernorm"])

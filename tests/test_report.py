@@ -70,8 +70,10 @@ def test_report_rows_statistics_and_plots(sweep):
     table = [line for line in text.splitlines() if line.startswith(("| layernorm", "| rmsnorm"))]
     assert len(table) == 8 + 4  # 2 norms x 2 placements x 2 lrs, then 2 x 2 sensitivity rows
     # two seeds of (layernorm, pre, 1e-3): best val 2.0 and 2.1
-    assert "| layernorm | pre | 0.001 | 2 | 2.0500 ± 0.0707 | 2.0500 ± 0.0707 | 0.00 |" in text
-    assert "| layernorm | post | 0.01 | 2 |" in text and "| rmsnorm | post | 0.01 |" in text
+    assert "| layernorm | pre | 0.001 | 2 | 2.0500 ± 0.0707 | 2.0500 ± 0.0707 | 0.00 | 0.00 |" in text
+    # diverged runs leave the loss columns (their summaries still carry a pre-divergence best of 2.8)
+    assert "| rmsnorm | post | 0.01 | 2 | 2.7000 | 2.7000 | 0.50 |" in text
+    assert "| layernorm | post | 0.01 | 2 | - | - | 1.00 |" in text
     rows = json.loads((path.parent / "report.json").read_text())["rows"]
     rows = {(r["norm"], r["placement"], r["lr"]): r for r in rows}
     assert rows[("layernorm", "post", 0.01)]["diverged_fraction"] == 1.0

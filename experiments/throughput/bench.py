@@ -229,7 +229,8 @@ def main() -> None:
     if isinstance(res.get("c"), list):
         lines += ["", "| norm | compiled | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|"]
         lines += [f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | "
-                  f"{r['mfu'] if r['mfu'] is None else round(r['mfu'], 3)} | {r['peak_mem_gib']:.1f} |" for r in res["c"]]
+                  f"{r['mfu'] if r['mfu'] is None else round(r['mfu'], 3)} | {r['peak_mem_gib']:.1f} |"
+                  for r in res["c"]]
     Path(a.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
