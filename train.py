@@ -22,6 +22,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from minillm.model import ModelConfig
 from minillm.norms import norm_options
 from minillm.reliability import check_resume
 
@@ -59,9 +60,22 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"optimizer.lr={lr!r} is invalid: must be a number > 0")
     accelerator = cfg.trainer.get("accelerator")
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if precision in ("16-mixed", "16") and on_cpu:
-        warnings.warn("trainer.precision=16-mixed on a CPU: Lightning runs bf16-mixed instead (no fp16 AMP "
-                      "or GradScaler on CPUs); use a GPU to study fp16 loss scaling.", UserWarning, stacklevel=2)
+    if precision in ("16-mixed", "16") and on_cpu and not precision_plugins(cfg):
+        warnings.warn("trainer.precision=16-mixed on a CPU: Lightning runs bf16-mixed instead (no GradScaler); "
+                      "trainer=cpu_fp16 gives real fp16 autocast with a GradScaler on the CPU (slow), or use a "
+                      "GPU.", UserWarning, stacklevel=2)
+
+
+def precision_plugins(cfg: DictConfig) -> list[DictConfig]:
+    """The precision plugins among trainer.plugins (trainer=cpu_fp16 has one)."""
+    return [p for p in cfg.trainer.get("plugins") or [] if "Precision" in str(p.get("_target_", ""))]
+
+
+def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
+    """lightning.Trainer from cfg.trainer. A precision plugin replaces the precision flag (Lightning refuses
+    both), which then only names the run: trainer=cpu_fp16 keeps precision=16-mixed in names and summaries."""
+    overrides = {"precision": None} if precision_plugins(cfg) else {}
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **overrides)
 
 
 def group_sweeps(cfg: DictConfig) -> None:
@@ -74,6 +88,13 @@ def group_sweeps(cfg: DictConfig) -> None:
             wandb.group = f"{cfg.name}-{Path(HydraConfig.get().sweep.dir).name}"
 
 
+def model_config(cfg: DictConfig, vocab_size: int) -> ModelConfig:
+    """ModelConfig from cfg.model; model.compile is a training switch, read by the LightningModule instead."""
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    node.pop("compile", None)
+    return instantiate(node, vocab_size=vocab_size)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Set up data, model, callbacks, loggers and trainer; fit; test on the whole held-out split."""
     with config_errors():
@@ -83,7 +104,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         datamodule = instantiate(cfg.data)
         datamodule.prepare_data()
         datamodule.setup("fit")
-        model_cfg = instantiate(cfg.model, vocab_size=datamodule.vocab_size)
+        model_cfg = model_config(cfg, datamodule.vocab_size)
         if cfg.trainer.get("sync_batchnorm") and "sync" in norm_options(model_cfg.norm):
             model_cfg.norm_options["sync"] = True  # Lightning's switch converts only torch's BatchNorm
         if cfg.get("ckpt_path"):  # readable, and written for this model config (fails before any training)
@@ -93,7 +114,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             model=model_cfg, optimizer=instantiate(cfg.optimizer), scheduler=scheduler)
         callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
         loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
-        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+        trainer = build_trainer(cfg, callbacks, loggers)
 
     n_params = module.model.num_params()
     log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, "

@@ -190,7 +190,8 @@ def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
         [*GROUP_KEYS, *extra, "runs", "best val loss (mean ± std)", "final val loss", "diverged", "failed",
          "max attn logit", "max abs h", "max grad norm", "spikes", "skipped", "tokens/s"],
         ([*(r[k] for k in (*GROUP_KEYS, *extra)), r["runs"], r["best_val_loss"], r["final_val_loss"],
-          f"{r['diverged_fraction']:.2f}", f"{r['failed_fraction']:.2f}", r["max_attn_logit"], r["max_abs_h"], r["max_grad_norm"],
+          f"{r['diverged_fraction']:.2f}", f"{r['failed_fraction']:.2f}", r["max_attn_logit"], r["max_abs_h"],
+          r["max_grad_norm"],
           r["spike_count"], r["skipped_steps"], r["tokens_per_s"]] for r in data["rows"]))
     sens = _table(
         ["norm", "placement", *extra, "LR sensitivity", "best lr", "best loss", "highest stable lr",

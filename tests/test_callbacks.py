@@ -233,7 +233,7 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     dm.prepare_data()
     dm.setup("fit")
     module = instantiate(cfg.module, _partial_=True)(
-        model=instantiate(cfg.model, vocab_size=dm.vocab_size), optimizer=instantiate(cfg.optimizer))
+        model=train_script.model_config(cfg, dm.vocab_size), optimizer=instantiate(cfg.optimizer))
     monitor = StabilityMonitor(every_n_steps=1, probe_every_n_steps=None)
     guard, logger = DivergenceGuard(), MemoryLogger()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)

@@ -1,10 +1,14 @@
 """Data layer: corpus cleaning, tokenizers, token cache, split, windows, resume, errors, configs."""
 
+import hashlib
 import importlib.util
 import itertools
 import math
 import shutil
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -594,3 +598,30 @@ def test_unigram_loss_is_val_cross_entropy_under_add_one_train_frequencies():
     dm.train_tokens, dm.val_tokens = np.array([0, 0, 1], dtype=np.uint8), np.array([1, 1, 0], dtype=np.uint8)
     # counts + 1 = [3, 2] -> p = [0.6, 0.4]; val: two b's and one a
     assert dm.unigram_loss == pytest.approx(-(2 * math.log(0.4) + math.log(0.6)) / 3)
+
+
+def test_two_processes_tokenizing_at_once_leave_one_valid_cache(tmp_path: Path):
+    """Two real processes (as two `train.py` runs started together) tokenize the same corpus into the same
+    cache directory at the same moment: both get the same tokens and one complete cache remains."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text(200_000))
+    go, cache = tmp_path / "go", tmp_path / "cache"
+    script = (
+        "import hashlib, pathlib, sys, time\n"
+        "from minillm.data import tokenize_cached\n"
+        "text = pathlib.Path(sys.argv[1]).read_text()\n"
+        "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.005)\n"
+        "tok, train, val, path, hit = tokenize_cached(text, 'char', 0.1, sys.argv[3])\n"
+        "print(hashlib.sha256(train.tobytes() + val.tobytes()).hexdigest(), path.name, hit)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(corpus), str(go), str(cache)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(0.5)
+    go.touch()  # both start tokenizing now (after their imports)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    digests = {out.split()[0] for out, _ in outs}
+    assert len(digests) == 1
+    assert [p.name for p in cache.iterdir()] == [outs[0][0].split()[1]]  # one cache, no temp dirs left
+    tok, train, val, _, hit = D.tokenize_cached(corpus.read_text(), "char", 0.1, cache)
+    assert hit and hashlib.sha256(train.tobytes() + val.tobytes()).hexdigest() in digests

@@ -406,7 +406,7 @@ def test_norm_config_lists_every_option_with_the_class_default(norm):
 def test_every_norm_and_placement_round_trip_through_hydra(norm, tmp_path, corpus):
     for placement in PLACEMENTS:
         cfg = compose_cfg(tmp_path, corpus, f"norm={norm}", f"placement={placement}")
-        mc = instantiate(cfg.model, vocab_size=V)
+        mc = train_script.model_config(cfg, V)
         assert isinstance(mc, ModelConfig) and (mc.norm, mc.placement) == (norm, placement)
         assert mc.norm_options == OmegaConf.to_container(cfg.model.norm_options)
         if norm == "fused_rmsnorm":
@@ -423,7 +423,7 @@ def test_matrix_options_reach_the_model_through_hydra(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "norm=rmsnorm", "placement=mix", "model.mix_fraction=0.5",
                       "model.n_layers=4", "model.qk_norm=layernorm", "model.norm_options.zero_centered=true",
                       "model.norm_options.cast=fp32", "module.z_loss=1e-4")
-    module = instantiate(cfg.module, _partial_=True)(model=instantiate(cfg.model, vocab_size=V))
+    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, V))
     m = module.model
     assert [b.placement for b in m.layers] == ["post", "post", "pre", "pre"]
     norms = [m.norm] + [n for b in m.layers for n in (b.attn_norm, b.ffn_norm)]
@@ -437,7 +437,7 @@ def test_matrix_options_reach_the_model_through_hydra(tmp_path, corpus):
 def test_per_layer_override_through_hydra(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "norm=powernorm", "model.qk_norm=rmsnorm",
                       "model.layers=[{placement:post,norm:layernorm},{placement:peri,norm:dyt}]")
-    mc = instantiate(cfg.model, vocab_size=V)
+    mc = train_script.model_config(cfg, V)
     assert mc.layers == [{"placement": "post", "norm": "layernorm"}, {"placement": "peri", "norm": "dyt"}]
     m = Transformer(mc)
     b0, b1 = m.layers
@@ -450,11 +450,11 @@ def test_per_layer_override_through_hydra(tmp_path, corpus):
 
 def test_experiment_presets(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "experiment=olmo2")
-    m = Transformer(instantiate(cfg.model, vocab_size=V))
+    m = Transformer(train_script.model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"branch"} and type(m.layers[0].attn_norm) is RMSNorm
     assert type(m.layers[1].attn.k_norm) is RMSNorm and cfg.module.z_loss == 1e-5
     cfg = compose_cfg(tmp_path, corpus, "experiment=deepnet")
-    m = Transformer(instantiate(cfg.model, vocab_size=V))
+    m = Transformer(train_script.model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"deepnorm"} and type(m.layers[0].attn_norm) is LayerNorm
     assert m.layers[0].alpha == pytest.approx((2 * cfg.model.n_layers) ** 0.25)
 

@@ -164,7 +164,7 @@ def _train_steps(norm: str, compile: bool, backend: str, steps: int = 3) -> list
 @pytest.mark.parametrize("norm", ["rmsnorm", pytest.param("layernorm", marks=pytest.mark.slow),
                                   pytest.param("batchnorm", marks=pytest.mark.slow)])
 def test_compiled_model_trains_like_eager(norm):
-    """module.compile=true: the compiled model (dynamo graph + AOT autograd, no codegen) matches eager."""
+    """model.compile=true: the compiled model (dynamo graph + AOT autograd, no codegen) matches eager."""
     torch._dynamo.reset()
     eager = _train_steps(norm, compile=False, backend="inductor")
     compiled = _train_steps(norm, compile=True, backend="aot_eager")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_every_config_in_every_group_composes_and_instantiates(group, tmp_path, 
         if group == "data":
             assert type(instantiate(cfg.data)).__name__ == "TextDataModule"
             continue
-        model_cfg = instantiate(cfg.model, vocab_size=11)
+        model_cfg = train_script.model_config(cfg, 11)
         assert model_cfg.norm == cfg.model.norm and model_cfg.placement == cfg.placement
         assert callable(instantiate(cfg.optimizer)) and callable(instantiate(cfg.scheduler))
         for node in ("callbacks", "logger"):
@@ -56,7 +57,7 @@ def test_every_config_in_every_group_composes_and_instantiates(group, tmp_path, 
         if option == "fsdp" and on_cpu:  # Lightning refuses FSDP without a GPU: build the strategy alone
             assert type(instantiate(cfg.trainer.strategy)).__name__ == "FSDPStrategy"
         else:
-            assert isinstance(instantiate(cfg.trainer), L.Trainer)
+            assert isinstance(train_script.build_trainer(cfg, [], []), L.Trainer)
 
 
 def test_debug_overfit_drives_the_loss_down_on_one_batch(tmp_path, corpus):
@@ -72,7 +73,7 @@ def test_instantiate_every_component(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    model_cfg = instantiate(cfg.model, vocab_size=dm.vocab_size)
+    model_cfg = train_script.model_config(cfg, dm.vocab_size)
     module = instantiate(cfg.module, _partial_=True)(model=model_cfg, optimizer=instantiate(cfg.optimizer),
                                                      scheduler=instantiate(cfg.scheduler))
     assert module.model.cfg.vocab_size == dm.vocab_size
@@ -117,7 +118,7 @@ def test_eval_loss_is_the_mean_over_tokens_and_ppl_its_exp(tmp_path, corpus):
     dm.prepare_data()
     dm.setup("fit")
     torch.manual_seed(0)
-    module = instantiate(cfg.module, _partial_=True)(model=instantiate(cfg.model, vocab_size=dm.vocab_size))
+    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, dm.vocab_size))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False)
     out = trainer.validate(module, datamodule=dm, verbose=False)[0]
@@ -184,7 +185,7 @@ def test_weight_decay_groups(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    module = instantiate(cfg.module, _partial_=True)(model=instantiate(cfg.model, vocab_size=dm.vocab_size),
+    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, dm.vocab_size),
                                                      optimizer=instantiate(cfg.optimizer))
     decay, no_decay = module.param_groups()
     names = {id(p): n for n, p in module.model.named_parameters()}
@@ -227,3 +228,36 @@ def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path, corpus):
     assert out.returncode == 2
     assert "config error: optimizer.lr=-1 is invalid: must be a number > 0" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_16_mixed_on_cpu_warns_and_runs_bf16_while_cpu_fp16_scales_fp16(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path / "a", corpus, "trainer.precision=16-mixed", "trainer.max_steps=2")
+    with pytest.warns(UserWarning, match="Lightning runs bf16-mixed instead.*trainer=cpu_fp16"):
+        train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert (summary["precision"], summary["precision_used"], summary["amp_scale"]) == ("16-mixed", "bf16-mixed", None)
+
+    cfg = compose_cfg(tmp_path / "b", corpus, "trainer=cpu_fp16", "trainer.max_steps=2")
+    train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert (summary["precision"], summary["precision_used"]) == ("16-mixed", "16-mixed")
+    assert summary["amp_scale"] == 2.0**16  # a real GradScaler: fp16 autocast with loss scaling on the CPU
+    assert any(r.get("stab/amp_scale") for r in read_metrics(Path(cfg.paths.output_dir)))
+
+
+def test_model_compile_switch_compiles_the_trained_model(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "debug=fast_dev_run", "model.compile=true", "module.compile_backend=aot_eager")
+    assert not hasattr(train_script.model_config(cfg, 11), "compile")  # not an architecture field
+    seen = {}
+    original = torch.nn.Module.compile
+
+    def spy(self, *args, **kwargs):
+        seen["backend"] = kwargs.get("backend")
+        return original(self, *args, **kwargs)
+
+    torch.nn.Module.compile = spy
+    try:
+        metrics = train_script.train(cfg)
+    finally:
+        torch.nn.Module.compile = original
+    assert seen == {"backend": "aot_eager"} and metrics["train/loss"] > 0

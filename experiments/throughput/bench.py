@@ -204,28 +204,32 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=5, help="warmup steps not timed")
     ap.add_argument("--norms", default="layernorm,rmsnorm,batchnorm,none")
     ap.add_argument("--placements", default="pre,post")
+    ap.add_argument("--sections", default="ab", help="CPU sections to run: a, b or ab")
     ap.add_argument("--gpu", action="store_true", help="run section (c) (needs CUDA)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     a = ap.parse_args()
     torch.set_num_threads(2)
     tmp = Path("/tmp") / "minillm-throughput"
     res: dict = dict(machine=machine(), args=vars(a))
-    res["a"] = section_a(a.rounds, a.steps, a.skip, tmp)
-    res["b"] = section_b(max(2, a.rounds - 1), a.steps // 2, a.skip, a.norms.split(","), a.placements.split(","))
+    res["a"] = section_a(a.rounds, a.steps, a.skip, tmp) if "a" in a.sections else None
+    res["b"] = (section_b(max(2, a.rounds - 1), a.steps // 2, a.skip, a.norms.split(","), a.placements.split(","))
+                if "b" in a.sections else [])
     if a.gpu:
         res["c"] = section_c() if torch.cuda.is_available() else "skipped: no CUDA device"
     res["machine"]["load_avg_end"] = __import__("os").getloadavg()
     Path(a.out).write_text(json.dumps(res, indent=1))
-    A = res["a"]
-    lines = ["| run | minillm tok/s | plain tok/s | ratio |", "|---|---|---|---|"]
-    lines += [f"| round {i} | {x:.0f} | {y:.0f} | {x / y:.3f} |"
-              for i, (x, y) in enumerate(zip(A["minillm_tokens_per_s"], A["plain_tokens_per_s"], strict=True))]
-    lines += [f"| median | {np.median(A['minillm_tokens_per_s']):.0f} | {np.median(A['plain_tokens_per_s']):.0f} "
-              f"| {A['ratio_of_medians']:.3f} |", "",
-              "| norm | placement | tokens/s (median) | activation memory (MiB, saved for backward) |",
-              "|---|---|---|---|"]
-    lines += [f"| {r['norm']} | {r['placement']} | {r['tokens_per_s']:.0f} | {r['activation_mib']:.1f} |"
-              for r in res["b"]]
+    A, lines = res["a"], []
+    if A:
+        lines += ["| run | minillm tok/s | plain tok/s | ratio |", "|---|---|---|---|"]
+        lines += [f"| round {i} | {x:.0f} | {y:.0f} | {x / y:.3f} |"
+                  for i, (x, y) in enumerate(zip(A["minillm_tokens_per_s"], A["plain_tokens_per_s"], strict=True))]
+        lines += [f"| median | {np.median(A['minillm_tokens_per_s']):.0f} | "
+                  f"{np.median(A['plain_tokens_per_s']):.0f} | {A['ratio_of_medians']:.3f} |", ""]
+    if res["b"]:
+        lines += ["| norm | placement | tokens/s (median) | activation memory (MiB, saved for backward) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['norm']} | {r['placement']} | {r['tokens_per_s']:.0f} | {r['activation_mib']:.1f} |"
+                  for r in res["b"]]
     if isinstance(res.get("c"), list):
         lines += ["", "| norm | compiled | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|"]
         lines += [f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | "

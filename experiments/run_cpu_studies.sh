@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs the CPU sweep studies S2, S3, S4, S5 and S7 and their analyses, as committed. Each study's sweep
+# (`python train.py -m experiment=<study>`, see its README) is split into two shards run at once, one per
+# core (one thread each), by seed, batch size or precision. About 2.5 hours on 2 cores.
+#   bash experiments/run_cpu_studies.sh            # all five
+#   bash experiments/run_cpu_studies.sh s4 s7      # some
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+export OMP_NUM_THREADS=1
+STAMP=$(date +%Y-%m-%d_%H-%M-%S)
+mkdir -p logs
+
+sweep() {  # sweep <study> <part> <overrides...>: one Hydra multirun into logs/<study>/<stamp>/<part>
+  local study=$1 part=$2
+  shift 2
+  $PY train.py -m experiment="$study" "$@" hydra.sweep.dir="logs/$study/$STAMP/$part" \
+    > "logs/$study-$STAMP-$part.log" 2>&1
+}
+
+join() { wait "$1"; wait "$2"; }  # both shards, failing if either failed
+
+for study in "${@:-s2 s3 s4 s5 s7}"; do
+  case $study in
+    s2) sweep s2_warmup a seed=0 & a=$!; sweep s2_warmup b seed=1 & join $a $!
+        $PY experiments/s2_warmup/analyze.py "logs/s2_warmup/$STAMP" ;;
+    s3) sweep s3_lr_sensitivity a seed=0 & a=$!; sweep s3_lr_sensitivity b seed=1 & join $a $!
+        $PY experiments/s3_lr_sensitivity/analyze.py "logs/s3_lr_sensitivity/$STAMP" ;;
+    s4) sweep s4_batchnorm a data.batch_size=64 seed=0,1 & a=$!
+        (sweep s4_batchnorm b data.batch_size=64 seed=2 && sweep s4_batchnorm c data.batch_size=4) & join $a $!
+        $PY experiments/s4_batchnorm/analyze.py "logs/s4_batchnorm/$STAMP" ;;
+    s5) $PY experiments/s5_precision/overflow.py
+        (sweep s5_precision a trainer.precision=32-true,bf16-mixed && sweep s5_precision b trainer=cpu_fp16 seed=0) &
+        a=$!; sweep s5_precision c trainer=cpu_fp16 seed=1 & join $a $!
+        $PY experiments/s5_precision/analyze.py "logs/s5_precision/$STAMP" ;;
+    s7) sweep s7_depth a seed=0 & a=$!; sweep s7_depth b seed=1 & join $a $!
+        $PY experiments/s7_depth/analyze.py "logs/s7_depth/$STAMP" ;;
+    *) echo "unknown study $study (s2 s3 s4 s5 s7)" >&2; exit 2 ;;
+  esac
+done

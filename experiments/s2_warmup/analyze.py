@@ -1,0 +1,119 @@
+"""S2: does Post-LN need warmup where Pre-LN does not? Table, verdict and plots of the s2_warmup sweep.
+
+    python train.py -m experiment=s2_warmup                          # 72 runs -> logs/s2_warmup/multiruns/<t>/
+    python experiments/s2_warmup/analyze.py logs/s2_warmup/multiruns/<t>    # or no argument: committed runs
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from study import Runs, fmt, load, machine, mean, spread, table, write  # noqa: E402
+
+HERE = Path(__file__).parent
+# Fixed before the sweep ran. A run's loss is its final val loss, a diverged run counts as ln V (EXPERIMENTS.md).
+# warmup gain = loss without warmup - best loss with warmup (mean over seeds), per depth, placement and lr.
+NEEDS_WARMUP = 0.10  # a placement "needs warmup" at a setting where the gain is >= 0.10 nats and >= 2x seed range
+INSENSITIVE = 0.05  # a placement is "insensitive to warmup" where the gain is <= 0.05 nats
+
+
+def loss(run: dict) -> float:
+    value = run.get("final_val_loss")
+    if run.get("diverged") or value is None or not math.isfinite(value):
+        return run["loss_init"]
+    return min(value, run["loss_init"])
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    rows, gains = [], []
+    for depth in runs.values("n_layers"):
+        for placement in ("pre", "post"):
+            for lr in runs.values("lr"):
+                cell = runs.where(n_layers=depth, placement=placement, lr=lr)
+                by_warmup = {w: cell.where(warmup_steps=w) for w in cell.values("warmup_steps")}
+                losses = {w: mean(loss(r) for r in rs) for w, rs in by_warmup.items()}
+                seed_range = max((spread(loss(r) for r in rs) or 0.0) for rs in by_warmup.values())
+                best_w = min((w for w in losses if w > 0), key=losses.get)
+                gain = losses[0] - losses[best_w]
+                failed = {w: sum(bool(r.get("failed")) for r in rs) for w, rs in by_warmup.items()}
+                gains.append({"n_layers": depth, "placement": placement, "lr": lr, "gain": gain,
+                              "seed_range": seed_range, "best_warmup": best_w,
+                              "needs": gain >= NEEDS_WARMUP and gain >= 2 * seed_range,
+                              "insensitive": gain <= INSENSITIVE})
+                rows.append([depth, placement, lr, *(losses[w] for w in sorted(losses)), gain, seed_range,
+                             " / ".join(f"{failed[w]}" for w in sorted(failed))])
+    warmups = runs.values("warmup_steps")
+    n_seeds = len(runs.values("seed"))
+    main = table(["L", "placement", "lr", *(f"val loss, warmup {w}" for w in warmups), "warmup gain",
+                  "seed range", f"failed of {n_seeds} ({' / '.join(map(str, warmups))})"], rows)
+
+    post_needs = [g for g in gains if g["placement"] == "post" and g["needs"]]
+    pre_insensitive_there = [g for g in gains if g["placement"] == "pre" and g["insensitive"]
+                             and any(p["n_layers"] == g["n_layers"] and p["lr"] == g["lr"] for p in post_needs)]
+    pre_needs = [g for g in gains if g["placement"] == "pre" and g["needs"]]
+    if post_needs and len(pre_insensitive_there) == len(post_needs) and not pre_needs:
+        verdict = "confirmed"
+    elif post_needs:
+        verdict = "partly"
+    else:
+        verdict = "not at this scale"
+    failed = {(p, w > 0): sum(bool(r.get("failed")) for r in runs.where(placement=p) if
+                              (r["warmup_steps"] > 0) == (w > 0)) for p in ("pre", "post") for w in (0, 1)}
+    totals = {(p, w > 0): sum(1 for r in runs.where(placement=p) if (r["warmup_steps"] > 0) == (w > 0))
+              for p in ("pre", "post") for w in (0, 1)}
+    summary = table(["placement", "settings where warmup gains >= 0.10 nats (and >= 2x seed range)",
+                     "largest warmup gain", "failed runs without warmup", "failed runs with warmup"],
+                    [[p, sum(g["needs"] for g in gains if g["placement"] == p),
+                      max(g["gain"] for g in gains if g["placement"] == p),
+                      f"{failed[(p, False)]} / {totals[(p, False)]}", f"{failed[(p, True)]} / {totals[(p, True)]}"]
+                     for p in ("pre", "post")])
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n### Final val loss by setting (mean of {n_seeds} seeds)"
+          f"\n\n{main}\n\n### Warmup gain per placement\n\n{summary}\n\nVerdict rule (fixed before the runs): "
+          f"confirmed if Post-LN gains >= {NEEDS_WARMUP} nats from warmup somewhere (and >= 2x the seed range) "
+          f"while Pre-LN gains <= {INSENSITIVE} at those settings and nowhere needs it; partly if only the "
+          f"first holds. **Verdict: {verdict}.**\n")
+    return {"rows": rows, "gains": gains, "verdict": verdict, "machine": machine()}, md
+
+
+def plot(runs: Runs) -> None:
+    depths, lrs, warmups = runs.values("n_layers"), runs.values("lr"), runs.values("warmup_steps")
+    fig, axes = plt.subplots(1, len(depths) * 2, figsize=(4.2 * len(depths) * 2, 3.6), sharey=True)
+    for ax, (depth, placement) in zip(axes, [(d, p) for d in depths for p in ("pre", "post")], strict=True):
+        for w in warmups:
+            ys = [mean(loss(r) for r in runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w))
+                  for lr in lrs]
+            ax.plot(lrs, ys, marker="o", label=f"warmup {w}")
+        ax.set(xscale="log", title=f"{placement}-LN, L={depth}", xlabel="peak lr")
+    axes[0].set_ylabel("final val loss (nats/char)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(HERE / "loss_vs_lr.png", dpi=110)
+    plt.close(fig)
+
+    depth, lr = max(depths), max(lrs)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, placement in zip(axes, ("pre", "post"), strict=True):
+        for w in warmups:
+            for i, r in enumerate(runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w)):
+                steps, values = zip(*r["curves"]["train/loss"], strict=True)
+                ax.plot(steps, values, color=f"C{warmups.index(w)}", alpha=0.8,
+                        label=f"warmup {w}" if i == 0 else None)
+        ax.set(title=f"{placement}-LN, L={depth}, lr {fmt(lr, 4)}: train loss", xlabel="step", ylim=(1.5, 4.6))
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(HERE / "train_loss_deepest_highest_lr.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss"))
+    results, md = analyze(runs)
+    write(HERE, results, md)
+    plot(runs)

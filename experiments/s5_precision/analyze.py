@@ -1,0 +1,102 @@
+"""S5, training: activation growth per placement under fp32, bf16-mixed and fp16 (GradScaler) on the CPU.
+
+    python train.py -m experiment=s5_precision trainer.precision=32-true,bf16-mixed hydra.sweep.dir=logs/s5/a
+    python train.py -m experiment=s5_precision trainer=cpu_fp16 hydra.sweep.dir=logs/s5/b
+    python experiments/s5_precision/analyze.py logs/s5/a logs/s5/b      # or no argument: committed runs
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from study import Runs, load, machine, mean, spread, table, write  # noqa: E402
+
+HERE = Path(__file__).parent
+PLACEMENTS = ("pre", "post", "peri")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+# Fixed before the sweep ran.
+BOUNDED = 2.0  # Peri-LN "bounds" the residual stream when Pre-LN's final max|h| is >= 2x Peri-LN's
+SAME = 0.02  # a precision "does not change the result" when its val loss is within 0.02 nats of fp32's
+
+
+def last(run: dict, key: str) -> float | None:
+    points = run["curves"].get(key)
+    return points[-1][1] if points else None
+
+
+def layer_max(run: dict) -> list[float]:
+    """Final max |h| of the residual stream after each block."""
+    keys = sorted((k for k in run["curves"] if re.fullmatch(r"layer/\d+/resid_max", k)),
+                  key=lambda k: int(k.split("/")[1]))
+    return [last(run, k) for k in keys]
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    rows, cells = [], {}
+    for placement in PLACEMENTS:
+        for precision in PRECISIONS:
+            rs = runs.where(placement=placement, precision_used=precision)
+            if not rs:
+                continue
+            c = {"val": mean(r["final_val_loss"] for r in rs), "range": spread(r["final_val_loss"] for r in rs),
+                 "max_h": mean(layer_max(r)[-1] for r in rs), "max_h_run": max(r.get("max_abs_h") or 0 for r in rs),
+                 "per_layer": [mean(v) for v in zip(*(layer_max(r) for r in rs), strict=True)],
+                 "skipped": sum(r.get("skipped_steps") or 0 for r in rs),
+                 "nonfinite": sum(r.get("nonfinite_grad_steps") or 0 for r in rs),
+                 "scale": mean(r.get("amp_scale") for r in rs), "tokens_per_s": mean(r["tokens_per_s"] for r in rs)}
+            cells[(placement, precision)] = c
+            rows.append([placement, precision, c["val"], c["range"], " / ".join(f"{v:.1f}" for v in c["per_layer"]),
+                         c["max_h_run"], c["skipped"], c["nonfinite"], c["scale"], c["tokens_per_s"]])
+    main = table(["placement", "precision", "val loss", "seed range", "final max|h| after each block",
+                  "max|h| over the run", "skipped steps", "non-finite grad steps", "final loss scale", "tokens/s"],
+                 rows, digits=3)
+    checks = []
+    for precision in PRECISIONS:
+        pre, peri = cells.get(("pre", precision)), cells.get(("peri", precision))
+        if pre and peri:
+            ratio = pre["max_h"] / peri["max_h"]
+            checks.append([f"Peri-LN bounds the residual stream ({precision}): pre / peri final max|h|", ratio,
+                           ratio >= BOUNDED])
+    for placement in PLACEMENTS:
+        for precision in PRECISIONS[1:]:
+            a, b = cells.get((placement, "32-true")), cells.get((placement, precision))
+            if a and b:
+                diff = b["val"] - a["val"]
+                checks.append([f"{placement}: {precision} val loss - fp32", diff, abs(diff) <= SAME])
+    md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
+          f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n### Checks (thresholds fixed before the "
+          f"runs)\n\n{table(['check', 'value', 'holds'], checks)}\n")
+    return {"cells": [{"placement": p, "precision": q, **c} for (p, q), c in cells.items()], "checks": checks,
+            "machine": machine()}, md
+
+
+def plot(runs: Runs) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
+    for ax, placement in zip(axes, PLACEMENTS, strict=True):
+        r = runs.where(placement=placement, precision_used="32-true", seed=0)[0]
+        keys = sorted((k for k in r["curves"] if re.fullmatch(r"layer/\d+/resid_max", k)),
+                      key=lambda k: int(k.split("/")[1]))
+        for i, k in enumerate(keys):
+            steps, values = zip(*r["curves"][k], strict=True)
+            ax.plot(steps, values, color=plt.cm.viridis(i / max(1, len(keys) - 1)), label=f"after block {i}")
+        ax.set(yscale="log", xlabel="step", title=f"{placement}-LN (fp32, seed 0): max |h|")
+    axes[0].set_ylabel("max |h| of the residual stream")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / "residual_growth.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss", "stab/amp_scale")
+                or re.fullmatch(r"layer/\d+/resid_max", k) is not None)
+    results, md = analyze(runs)
+    write(HERE, results, md)
+    plot(runs)

@@ -1,0 +1,96 @@
+"""S7: depth ladder, Pre-LN vs Post-LN vs DeepNorm (Wang et al. 2022, DeepNet).
+
+    python train.py -m experiment=s7_depth                          # 24 runs
+    python experiments/s7_depth/analyze.py logs/s7_depth/multiruns/<t>   # or no argument: committed runs
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from study import Runs, load, machine, mean, table, write  # noqa: E402
+
+HERE = Path(__file__).parent
+PLACEMENTS = ("pre", "post", "deepnorm")
+EARLY = 50  # "early" = the first 50 optimizer steps
+# Fixed before the sweep ran.
+EXPLODES = 2.0  # Post-LN's early update "explodes" at depth when its max early update ratio at the deepest L is
+#                 >= 2x DeepNorm's there
+
+
+def early_update(run: dict) -> float:
+    """Largest ||W_after - W_before|| / ||W_before|| over all parameters in the first EARLY steps."""
+    return max(v for s, v in run["curves"]["stab/update_ratio"] if s < EARLY)
+
+
+def late_update(run: dict) -> float:
+    """Mean update ratio over the last 50 logged steps: a frozen model makes tiny updates."""
+    points = run["curves"]["stab/update_ratio"]
+    return mean(v for _, v in points[-50:])
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    depths = runs.values("n_layers")
+    cells, rows = {}, []
+    for placement in PLACEMENTS:
+        for depth in depths:
+            rs = runs.where(placement=placement, n_layers=depth)
+            c = {"val": mean(r["final_val_loss"] for r in rs if not r.get("diverged")),
+                 "failed": sum(bool(r.get("failed")) for r in rs), "runs": len(rs),
+                 "early": mean(early_update(r) for r in rs), "late": mean(late_update(r) for r in rs),
+                 "max_grad_norm": max(r.get("max_grad_norm") or 0 for r in rs)}
+            cells[(placement, depth)] = c
+            rows.append([placement, depth, c["val"], f"{c['failed']}/{c['runs']}", c["early"], c["late"],
+                         c["max_grad_norm"]])
+    main = table(["placement", "L", "final val loss (not diverged)", "failed", f"max update ratio, steps < {EARLY}",
+                  "mean update ratio, last 50 steps", "max grad norm"], rows, digits=4)
+    deep, shallow = max(depths), min(depths)
+    post_fail = cells[("post", deep)]["failed"] / cells[("post", deep)]["runs"]
+    deep_fail = cells[("deepnorm", deep)]["failed"] / cells[("deepnorm", deep)]["runs"]
+    ratio = cells[("post", deep)]["early"] / cells[("deepnorm", deep)]["early"]
+    growth = {p: cells[(p, deep)]["early"] / cells[(p, shallow)]["early"] for p in PLACEMENTS}
+    checks = [
+        [f"Post-LN fails at L={deep} where DeepNorm trains (failed fraction post / deepnorm)",
+         f"{post_fail:.2f} / {deep_fail:.2f}", post_fail > 0 and deep_fail == 0],
+        [f"Post-LN's early update at L={deep} vs DeepNorm's (ratio)", f"{ratio:.2f}", ratio >= EXPLODES],
+        *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
+    ]
+    md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. Update ratio = ||W_after - W_before|| / "
+          f"||W_before|| over all parameters, one optimizer step, logged every step.\n\n{main}\n\n### Checks "
+          f"(thresholds fixed before the runs)\n\n{table(['check', 'value', 'holds'], checks)}\n")
+    return {"cells": [{"placement": p, "n_layers": d, **c} for (p, d), c in cells.items()], "checks": checks,
+            "machine": machine()}, md
+
+
+def plot(runs: Runs) -> None:
+    depths = runs.values("n_layers")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for i, placement in enumerate(PLACEMENTS):
+        axes[0].plot(depths, [mean(r["final_val_loss"] if not r.get("diverged") else r["loss_init"]
+                                   for r in runs.where(placement=placement, n_layers=d)) for d in depths],
+                     marker="o", color=f"C{i}", label=placement)
+        for r in runs.where(placement=placement, n_layers=max(depths), seed=0):
+            steps, values = zip(*r["curves"]["stab/update_ratio"], strict=True)
+            axes[1].plot(steps, values, color=f"C{i}", label=placement)
+    axes[0].set(xscale="log", xticks=depths, xticklabels=depths, xlabel="layers L",
+                ylabel="final val loss (diverged = ln V)", title="depth ladder (dim 64)")
+    axes[1].set(yscale="log", xlabel="step", ylabel="update ratio ||dW|| / ||W||",
+                title=f"per-step model update, L={max(depths)}, seed 0")
+    axes[0].legend()
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(HERE / "depth.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss", "stab/update_ratio"))
+    results, md = analyze(runs)
+    write(HERE, results, md)
+    plot(runs)
