@@ -20,7 +20,9 @@ sweep() {  # sweep <study> <part> <overrides...>: one Hydra multirun into logs/<
 
 join() { wait "$1"; wait "$2"; }  # both shards, failing if either failed
 
-for study in "${@:-s2 s3 s4 s5 s7}"; do
+studies=("$@")
+[ ${#studies[@]} -gt 0 ] || studies=(s2 s3 s4 s5 s7)
+for study in "${studies[@]}"; do
   case $study in
     s2) sweep s2_warmup a seed=0 & a=$!; sweep s2_warmup b seed=1 & join $a $!
         $PY experiments/s2_warmup/analyze.py "logs/s2_warmup/$STAMP" ;;
