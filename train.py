@@ -28,8 +28,9 @@ from minillm.reliability import check_resume
 
 log = logging.getLogger("minillm")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
-# Lightning's advertisement for its cloud logger, printed at every start; not useful here
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
+# Lightning's advertisements for its cloud logger and checkpoint service, printed at every start
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda r: not any(s in r.getMessage() for s in ("litlogger", "litmodels")))
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch 2.13
 
 

@@ -185,7 +185,7 @@ PROBE_CASES += [("rmsnorm", placement) for placement in PLACEMENTS if placement 
 @pytest.mark.parametrize("norm, placement", PROBE_CASES)  # fused_rmsnorm: RMSNorm's module with a kernel
 def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement):
     model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm=norm,
-                                    placement=placement)).train()
+                                    placement=placement, mix_fraction=0.5)).train()
     probe = ActivationProbe(model)
     probe.attach(attention=True)
     model(torch.randint(0, 11, (2, 5)))

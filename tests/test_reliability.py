@@ -328,7 +328,7 @@ def test_resume_with_another_model_config_is_one_config_error(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    saved = instantiate(cfg.model, vocab_size=dm.vocab_size).to_dict()
+    saved = train_script.model_config(cfg, dm.vocab_size).to_dict()
     ckpt = tmp_path / "other.ckpt"
     other = {**saved, "norm": "rmsnorm", "dim": 64}
     torch.save({"state_dict": {}, "hyper_parameters": {"model": other}}, ckpt)

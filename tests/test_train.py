@@ -261,3 +261,21 @@ def test_model_compile_switch_compiles_the_trained_model(tmp_path, corpus):
     finally:
         torch.nn.Module.compile = original
     assert seen == {"backend": "aot_eager"} and metrics["train/loss"] > 0
+
+
+def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "name=my_sweep", "optimizer.lr=0.01", "seed=3")
+    train_script.group_sweeps(cfg)
+    assert cfg.logger.wandb.group == "my_sweep"  # a single run: the experiment name
+    hydra_cfg = HydraConfig.get()
+    with read_write(hydra_cfg):  # as Hydra sets it for the jobs of `train.py -m`
+        hydra_cfg.mode, hydra_cfg.sweep.dir = RunMode.MULTIRUN, "logs/my_sweep/multiruns/2026-01-02_03-04-05"
+    train_script.group_sweeps(cfg)
+    assert cfg.logger.wandb.group == "my_sweep-2026-01-02_03-04-05"
+    logger = instantiate(cfg.logger.wandb)
+    assert logger._wandb_init["tags"] == ["norm:rmsnorm", "placement:pre", "lr:0.01", "precision:32-true", "seed:3"]
+    assert logger._wandb_init["group"] == "my_sweep-2026-01-02_03-04-05" and "anonymous" not in logger._wandb_init

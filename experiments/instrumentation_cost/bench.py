@@ -45,6 +45,7 @@ from hydra.utils import instantiate  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+import train as train_script  # noqa: E402
 from minillm.callbacks import ActivationProbe  # noqa: E402
 
 VOCAB = 65
@@ -184,7 +185,7 @@ def main() -> None:
         cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu"])
     args.batch = args.batch or cfg.data.batch_size
     L.seed_everything(0, workers=False, verbose=False)
-    module = instantiate(cfg.module, _partial_=True)(model=instantiate(cfg.model, vocab_size=VOCAB),
+    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, VOCAB),
                                                      optimizer=instantiate(cfg.optimizer),
                                                      scheduler=instantiate(cfg.scheduler))
     timer = StepTimer()
