@@ -1,7 +1,9 @@
-"""Shared pytest setup."""
+"""Shared pytest setup and fixtures."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 # --- fused kernels (tests/test_kernels.py) --------------------------------------------------------------
@@ -10,3 +12,22 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # --- end fused kernels -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, request) -> Path:
+    """A generated English-like text file, one per test module (size: the module's CORPUS_CHARS)."""
+    from helpers import write_corpus
+
+    n_chars = getattr(request.module, "CORPUS_CHARS", 30_000)
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=n_chars)
+
+
+@pytest.fixture(scope="module")
+def one_cpu_thread():
+    """Tiny models on a shared CPU run several times faster on one thread (no oversubscribed OpenMP pool).
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_cpu_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import random
 from pathlib import Path
 
@@ -57,3 +58,14 @@ def compose_cfg(tmp_path: Path, corpus: Path, *overrides: str) -> DictConfig:
         cfg.paths.cache_dir = str(tmp_path / "cache")
         del cfg["hydra"]  # as in a real run, where @hydra.main hands over the job config without it
     return cfg
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """The rows of a run's csv/metrics.csv (Lightning's CSVLogger: sparse, one row per log call)."""
+    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def logged(rows: list[dict], key: str) -> dict[int, float]:
+    """step -> value of one metric."""
+    return {int(r["step"]): float(r[key]) for r in rows if r.get(key)}

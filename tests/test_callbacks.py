@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import subprocess
@@ -13,7 +12,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import ROOT, compose_cfg, write_corpus
+from helpers import ROOT, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.logger import Logger
@@ -43,20 +42,6 @@ SUMMARY_FIELDS = {  # config
     "spike_count", "max_attn_logit", "max_abs_h", "max_log_z", "skipped_steps", "tokens", "tokens_per_s",
     "train_time_s", "wall_time_s",
 }
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt")
-
-
-def read_rows(run_dir: Path) -> list[dict]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def logged(rows: list[dict], key: str) -> dict[int, float]:
-    return {int(r["step"]): float(r[key]) for r in rows if r.get(key)}
 
 
 class MemoryLogger(Logger):
@@ -365,3 +350,15 @@ def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_pat
     report = write_report(sweep).read_text()
     assert "| rmsnorm | pre | 1e+03 |" in report and "| 1.00 |" in report and "| 0.00 |" in report
     assert all((sweep / "report" / p).stat().st_size > 0 for p in ("loss_by_norm.png", "lr_sensitivity.png"))
+
+
+def test_progress_bar_labels_step_based_runs_without_a_negative_epoch_count():
+    from types import SimpleNamespace
+
+    from minillm.callbacks import ProgressBar
+
+    bar = ProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1)  # training by steps (trainer.max_epochs=-1)
+    assert bar._get_train_description(0).strip() == "Epoch 0"
+    bar._trainer = SimpleNamespace(max_epochs=3)
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"

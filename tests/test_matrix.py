@@ -5,12 +5,11 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import CONFIGS, compose_cfg, write_corpus
+from helpers import CONFIGS, compose_cfg
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
@@ -22,22 +21,10 @@ from minillm.norms import NORMS, BatchNorm, DyT, LayerNorm, PowerNorm, RMSNorm, 
 from minillm.norms import norm_options as accepted_options
 
 NEW = ["dyt", "powernorm", "scalenorm"]
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+CORPUS_CHARS = 3000
 NORM_FILES = sorted(p.stem for p in (CONFIGS / "norm").glob("*.yaml"))
 V = 37
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is ~10x faster than two on a loaded 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=3000)
 
 
 def randn(*shape, scale=1.0, seed=0, dtype=torch.float32):

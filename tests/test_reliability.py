@@ -3,7 +3,6 @@ fallback (minillm/reliability.py, minillm/loggers.py). docs/reliability.md maps 
 
 from __future__ import annotations
 
-import csv
 import functools
 import io
 import os
@@ -20,7 +19,7 @@ import lightning as L
 import pytest
 import torch
 import wandb
-from helpers import ROOT, TINY, compose_cfg, write_corpus
+from helpers import ROOT, TINY, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
@@ -43,25 +42,8 @@ FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.va
         "scheduler.total_steps=6", "+trainer.enable_progress_bar=false",
         "+trainer.enable_checkpointing=false"]
 MARKER = "reliability-test: waiting for a signal at step"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """Tiny models on a shared CPU run several times faster on one thread (no oversubscribed OpenMP pool)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=8000)
-
-
-def read_metrics(run_dir: Path, key: str) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+CORPUS_CHARS = 8000
 
 
 def run(tmp_path: Path, corpus: Path, *overrides: str) -> Path:
@@ -139,8 +121,8 @@ def test_signal_to_train_py_saves_a_checkpoint_that_resumes_exactly(signum, tmp_
     assert "Traceback" not in text
     assert read_checkpoint_header(ckpt)["global_step"] == 2
 
-    resumed = read_metrics(run(tmp_path / "resumed", corpus, f"ckpt_path='{ckpt}'"), "train/loss")
-    full = read_metrics(full_run, "train/loss")
+    resumed = logged(read_rows(run(tmp_path / "resumed", corpus, f"ckpt_path='{ckpt}'")), "train/loss")
+    full = logged(read_rows(full_run), "train/loss")
     assert sorted(resumed) == [2, 3, 4, 5]
     assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
 
@@ -176,8 +158,8 @@ def test_preemption_around_validation_resumes_exactly(step, during_validation, v
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
     assert read_checkpoint_header(ckpt)["global_step"] == step
 
-    resumed = read_metrics(run(tmp_path / "resumed", corpus, f"ckpt_path={ckpt}", val), "train/loss")
-    full = read_metrics(full_run, "train/loss")
+    resumed = logged(read_rows(run(tmp_path / "resumed", corpus, f"ckpt_path={ckpt}", val)), "train/loss")
+    full = logged(read_rows(full_run), "train/loss")
     assert sorted(resumed) == list(range(step, 6)), resumed  # logged at the same steps, not one later
     assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
 
@@ -194,9 +176,9 @@ def test_batchnorm_bf16_mixed_resume_is_exact(tmp_path, corpus):
     buffers = read_checkpoint_header(ckpt)["state_dict"]
     assert {"running_mean", "running_var"} <= {k.rsplit(".", 1)[-1] for k in buffers}
     resumed = run(tmp_path / "resumed", corpus, *common, f"ckpt_path='{ckpt}'")
-    a, b = read_metrics(full, "train/loss"), read_metrics(resumed, "train/loss")
+    a, b = logged(read_rows(full), "train/loss"), logged(read_rows(resumed), "train/loss")
     assert sorted(b) == [3, 4, 5] and all(a[s] == b[s] for s in b), (a, b)
-    assert read_metrics(full, "val/loss")[5] == read_metrics(resumed, "val/loss")[5]
+    assert logged(read_rows(full), "val/loss")[5] == logged(read_rows(resumed), "val/loss")[5]
 
 
 class LossRecorder(L.Callback):
@@ -240,7 +222,7 @@ def test_gradscaler_state_is_restored_on_resume(tmp_path, corpus):
 def test_same_seed_and_config_give_identical_curves(tmp_path, corpus, full_run):
     again = run(tmp_path, corpus)
     for key in ("train/loss", "val/loss"):
-        assert read_metrics(full_run, key) == read_metrics(again, key), key
+        assert logged(read_rows(full_run), key) == logged(read_rows(again), key), key
 
 
 # --- checkpoint files ---------------------------------------------------------------------------------

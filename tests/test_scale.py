@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import ROOT, compose_cfg, write_corpus
+from helpers import ROOT, compose_cfg
 
 from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
@@ -26,11 +26,6 @@ SYNC_CASES = [  # (norm, options): both statistics modes; PowerNorm's warmup ste
     ("powernorm", {"stats": "pooled"}),
 ]
 STEPS = 2
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt")
 
 
 def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:

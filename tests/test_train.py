@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import subprocess
@@ -13,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import CONFIGS, ROOT, compose_cfg, write_corpus
+from helpers import CONFIGS, ROOT, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 
 import train as train_script
@@ -22,18 +21,8 @@ from minillm.lit_module import lr_lambda
 NORMS = ["layernorm", "rmsnorm", "batchnorm", "none"]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt")
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
 def train_losses(run_dir: Path) -> dict[int, float]:
-    return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")}
+    return logged(read_rows(run_dir), "train/loss")
 
 
 @pytest.mark.parametrize("group", sorted(p.name for p in CONFIGS.iterdir() if p.is_dir()))
@@ -102,7 +91,7 @@ def test_short_run_logs_metrics_checkpoints_and_sample(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=6")
     metrics = train_script.train(cfg)
     run = Path(cfg.paths.output_dir)
-    rows = read_metrics(run)
+    rows = read_rows(run)
     for key in ("train/loss", "train/lr", "train/tokens", "val/loss", "val/ppl", "val/bpc", "test/loss"):
         assert any(r.get(key) for r in rows), key
     assert (run / "checkpoints" / "last.ckpt").exists() and (run / "checkpoints" / "best.ckpt").exists()
@@ -242,7 +231,7 @@ def test_16_mixed_on_cpu_warns_and_runs_bf16_while_cpu_fp16_scales_fp16(tmp_path
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert (summary["precision"], summary["precision_used"]) == ("16-mixed", "16-mixed")
     assert summary["amp_scale"] == 2.0**16  # a real GradScaler: fp16 autocast with loss scaling on the CPU
-    assert any(r.get("stab/amp_scale") for r in read_metrics(Path(cfg.paths.output_dir)))
+    assert any(r.get("stab/amp_scale") for r in read_rows(Path(cfg.paths.output_dir)))
 
 
 def test_model_compile_switch_compiles_the_trained_model(tmp_path, corpus):

@@ -38,6 +38,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             for lr in runs.values("lr"):
                 cell = runs.where(n_layers=depth, placement=placement, lr=lr)
                 by_warmup = {w: cell.where(warmup_steps=w) for w in cell.values("warmup_steps")}
+                if 0 not in by_warmup or len(by_warmup) < 2:  # an incomplete sweep
+                    continue
                 losses = {w: mean(loss(r) for r in rs) for w, rs in by_warmup.items()}
                 seed_range = max((spread(loss(r) for r in rs) or 0.0) for rs in by_warmup.values())
                 best_w = min((w for w in losses if w > 0), key=losses.get)

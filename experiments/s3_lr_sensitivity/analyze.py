@@ -116,7 +116,7 @@ def plot(runs: Runs) -> None:
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k in ("val/loss", "stab/max_attn_logit", "stab/log_z_max"))
+    runs = load(HERE, sys.argv[1:], lambda k: k == "stab/max_attn_logit")
     results, md = analyze(runs)
     write(HERE, results, md)
     plot(runs)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -21,16 +22,25 @@ from study import Runs, load, machine, mean, spread, table, write  # noqa: E402
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "layernorm", "rmsnorm")
 # Fixed before the sweep ran.
-GAP = 0.05  # BN is "worse" than LN when its eval-mode val loss is >= 0.05 nats and >= 2x the seed range higher
+GAP = 0.05  # BN is "worse" than LN when its eval-mode val loss is >= 0.05 nats and >= 2x the seed range higher;
+#             RMSNorm is "within noise" of LN when |diff| <= max(0.05, 2x the seed range)
 MISMATCH = 0.05  # BN has a train/eval mismatch when its (val - train) gap exceeds LN's by >= 0.05 nats
 NOISIER = 2.0  # batch statistics "fluctuate more" at batch 4 when their mean deviation is >= 2x that at 64
 
 
-def final_train_loss(run: dict, last: int = 50) -> float:
+def final_train_loss(run: dict, last: int = 50) -> float | None:
     """Mean train loss (batch statistics, train mode) over the last `last` steps."""
-    points = run["curves"]["train/loss"]
+    points = [(s, v) for s, v in run["curves"].get("train/loss", []) if math.isfinite(v)]
+    if not points:
+        return None
     end = points[-1][0]
     return statistics.fmean(v for s, v in points if s > end - last)
+
+
+def val_loss(run: dict) -> float | None:
+    """Final val loss in eval mode; None for a run that diverged or never validated."""
+    value = run.get("final_val_loss")
+    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
 
 
 def bn_deviation(run: dict) -> list[tuple[int, float]]:
@@ -49,29 +59,40 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for b in batches:
         for norm in NORMS:
             rs = runs.where(norm=norm, batch_size=b)
-            val = [r["final_val_loss"] for r in rs]
+            val = [val_loss(r) for r in rs]
             train = [final_train_loss(r) for r in rs]
-            dev = [mean(v for _, v in bn_deviation(r)[len(bn_deviation(r)) // 2:]) for r in rs]
+            devs = [[v for _, v in bn_deviation(r)] for r in rs]
+            dev = [mean(d[len(d) // 2:]) for d in devs]
+            gaps = [v - t for v, t in zip(val, train, strict=True) if v is not None and t is not None]
             cells[(norm, b)] = {"val": mean(val), "val_range": spread(val), "train": mean(train),
-                                "gap": mean(v - t for v, t in zip(val, train, strict=True)),
-                                "bn_dev": mean(dev), "runs": len(rs)}
-    rows = [[norm, b, c["val"], c["val_range"], c["train"], c["gap"], c["bn_dev"]]
+                                "gap": mean(gaps), "bn_dev": mean(dev), "runs": len(rs),
+                                "diverged": sum(bool(r.get("diverged")) for r in rs)}
+    rows = [[norm, b, c["val"], c["val_range"], c["train"], c["gap"], c["bn_dev"], c["diverged"]]
             for (norm, b), c in cells.items()]
     main = table(["norm", "batch", "val loss (eval mode)", "seed range", "train loss (last 50 steps)",
-                  "val - train", "batch vs running mean distance (2nd half)"], rows)
+                  "val - train", "batch vs running mean distance (2nd half)", "diverged"], rows)
     checks = []
     for b in batches:
         bn, ln = cells[("batchnorm", b)], cells[("layernorm", b)]
-        diff, noise = bn["val"] - ln["val"], max(bn["val_range"] or 0, ln["val_range"] or 0)
-        checks.append([f"BN worse than LN at batch {b}", diff, noise, diff >= GAP and diff >= 2 * noise])
-        checks.append([f"BN train/eval mismatch beyond LN's at batch {b}", bn["gap"] - ln["gap"], None,
-                       bn["gap"] - ln["gap"] >= MISMATCH])
+        noise = max(bn["val_range"] or 0, ln["val_range"] or 0)
+        if bn["val"] is None or bn["diverged"]:  # a diverged BatchNorm run is worse by definition
+            checks.append([f"BN worse than LN at batch {b}", "BN diverged", noise, True])
+        else:
+            diff = bn["val"] - ln["val"]
+            checks.append([f"BN worse than LN at batch {b}", diff, noise, diff >= GAP and diff >= 2 * noise])
+        if bn["gap"] is not None and ln["gap"] is not None:
+            checks.append([f"BN train/eval mismatch beyond LN's at batch {b}", bn["gap"] - ln["gap"], None,
+                           bn["gap"] - ln["gap"] >= MISMATCH])
     small, large = min(batches), max(batches)
     ratio = cells[("batchnorm", small)]["bn_dev"] / cells[("batchnorm", large)]["bn_dev"]
     checks.append([f"batch statistics deviate more at batch {small} than {large} (ratio)", ratio, None,
                    ratio >= NOISIER])
-    rms = [abs(cells[("rmsnorm", b)]["val"] - cells[("layernorm", b)]["val"]) for b in batches]
-    checks.append(["RMSNorm within seed noise of LayerNorm (max |diff| over batches)", max(rms), None, None])
+    for b in batches:
+        rms, ln = cells[("rmsnorm", b)], cells[("layernorm", b)]
+        noise = max(rms["val_range"] or 0, ln["val_range"] or 0)
+        diff = rms["val"] - ln["val"]
+        checks.append([f"RMSNorm within seed noise of LayerNorm at batch {b}", diff, noise,
+                       abs(diff) <= max(GAP, 2 * noise)])
     md = (f"Machine: {machine()}. {len(runs)} runs ({len(runs.values('seed'))} seeds per cell), means over "
           f"seeds.\n\n{main}\n\n### Checks (thresholds fixed before the runs)\n\n"
           f"{table(['check', 'value', 'seed range', 'holds'], checks)}\n")
@@ -85,14 +106,14 @@ def plot(runs: Runs) -> None:
     width = 0.8 / len(NORMS)
     for i, norm in enumerate(NORMS):
         for j, b in enumerate(batches):
-            vals = [r["final_val_loss"] for r in runs.where(norm=norm, batch_size=b)]
+            vals = [v for v in (val_loss(r) for r in runs.where(norm=norm, batch_size=b)) if v is not None]
             axes[0].bar(j + i * width, mean(vals), width, color=f"C{i}", label=norm if j == 0 else None)
             axes[0].scatter([j + i * width] * len(vals), vals, color="k", s=8, zorder=3)
     axes[0].set(xticks=[j + width for j in range(len(batches))], xticklabels=[f"batch {b}" for b in batches],
                 ylabel="val loss, eval mode (nats/char)", ylim=(1.5, None), title="final val loss per seed")
     axes[0].legend()
     for j, b in enumerate(batches):
-        for k, r in enumerate(runs.where(norm="batchnorm", batch_size=b)):
+        for k, r in enumerate(r for r in runs.where(norm="batchnorm", batch_size=b) if bn_deviation(r)):
             steps, values = zip(*bn_deviation(r), strict=True)
             axes[1].plot(steps, values, color=f"C{j + 3}", alpha=0.8, label=f"batch {b}" if k == 0 else None)
     axes[1].set(yscale="log", xlabel="step", ylabel="RMS(batch mean - running mean)",

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -26,16 +27,28 @@ BOUNDED = 2.0  # Peri-LN "bounds" the residual stream when Pre-LN's final max|h|
 SAME = 0.02  # a precision "does not change the result" when its val loss is within 0.02 nats of fp32's
 
 
+RESID = re.compile(r"layer/(\d+)/resid_max")
+
+
+def resid_keys(run: dict) -> list[str]:
+    """The run's layer/<i>/resid_max curves, in block order."""
+    return sorted((k for k in run["curves"] if RESID.fullmatch(k)), key=lambda k: int(RESID.fullmatch(k)[1]))
+
+
 def last(run: dict, key: str) -> float | None:
-    points = run["curves"].get(key)
-    return points[-1][1] if points else None
+    """The last finite logged value of a curve."""
+    points = [v for _, v in run["curves"].get(key, []) if math.isfinite(v)]
+    return points[-1] if points else None
 
 
-def layer_max(run: dict) -> list[float]:
+def layer_max(run: dict) -> list[float | None]:
     """Final max |h| of the residual stream after each block."""
-    keys = sorted((k for k in run["curves"] if re.fullmatch(r"layer/\d+/resid_max", k)),
-                  key=lambda k: int(k.split("/")[1]))
-    return [last(run, k) for k in keys]
+    return [last(run, k) for k in resid_keys(run)]
+
+
+def val_loss(run: dict) -> float | None:
+    value = run.get("final_val_loss")
+    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
@@ -45,29 +58,32 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             rs = runs.where(placement=placement, precision_used=precision)
             if not rs:
                 continue
-            c = {"val": mean(r["final_val_loss"] for r in rs), "range": spread(r["final_val_loss"] for r in rs),
-                 "max_h": mean(layer_max(r)[-1] for r in rs), "max_h_run": max(r.get("max_abs_h") or 0 for r in rs),
-                 "per_layer": [mean(v) for v in zip(*(layer_max(r) for r in rs), strict=True)],
+            per_run = [layer_max(r) for r in rs if resid_keys(r)]
+            c = {"val": mean(val_loss(r) for r in rs), "range": spread(val_loss(r) for r in rs),
+                 "diverged": sum(bool(r.get("diverged")) for r in rs),
+                 "max_h": mean(m[-1] for m in per_run), "max_h_run": max(r.get("max_abs_h") or 0 for r in rs),
+                 "per_layer": [mean(v) for v in zip(*per_run, strict=True)],
                  "skipped": sum(r.get("skipped_steps") or 0 for r in rs),
                  "nonfinite": sum(r.get("nonfinite_grad_steps") or 0 for r in rs),
                  "scale": mean(r.get("amp_scale") for r in rs), "tokens_per_s": mean(r["tokens_per_s"] for r in rs)}
             cells[(placement, precision)] = c
-            rows.append([placement, precision, c["val"], c["range"], " / ".join(f"{v:.1f}" for v in c["per_layer"]),
+            rows.append([placement, precision, c["val"], c["range"], c["diverged"],
+                         " / ".join("-" if v is None else f"{v:.1f}" for v in c["per_layer"]),
                          c["max_h_run"], c["skipped"], c["nonfinite"], c["scale"], c["tokens_per_s"]])
-    main = table(["placement", "precision", "val loss", "seed range", "final max|h| after each block",
+    main = table(["placement", "precision", "val loss", "seed range", "diverged", "final max|h| after each block",
                   "max|h| over the run", "skipped steps", "non-finite grad steps", "final loss scale", "tokens/s"],
                  rows, digits=3)
     checks = []
     for precision in PRECISIONS:
         pre, peri = cells.get(("pre", precision)), cells.get(("peri", precision))
-        if pre and peri:
+        if pre and peri and pre["max_h"] and peri["max_h"]:
             ratio = pre["max_h"] / peri["max_h"]
             checks.append([f"Peri-LN bounds the residual stream ({precision}): pre / peri final max|h|", ratio,
                            ratio >= BOUNDED])
     for placement in PLACEMENTS:
         for precision in PRECISIONS[1:]:
             a, b = cells.get((placement, "32-true")), cells.get((placement, precision))
-            if a and b:
+            if a and b and a["val"] is not None and b["val"] is not None:
                 diff = b["val"] - a["val"]
                 checks.append([f"{placement}: {precision} val loss - fp32", diff, abs(diff) <= SAME])
     md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
@@ -81,8 +97,7 @@ def plot(runs: Runs) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     for ax, placement in zip(axes, PLACEMENTS, strict=True):
         r = runs.where(placement=placement, precision_used="32-true", seed=0)[0]
-        keys = sorted((k for k in r["curves"] if re.fullmatch(r"layer/\d+/resid_max", k)),
-                      key=lambda k: int(k.split("/")[1]))
+        keys = resid_keys(r)
         for i, k in enumerate(keys):
             steps, values = zip(*r["curves"][k], strict=True)
             ax.plot(steps, values, color=plt.cm.viridis(i / max(1, len(keys) - 1)), label=f"after block {i}")
@@ -95,8 +110,7 @@ def plot(runs: Runs) -> None:
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss", "stab/amp_scale")
-                or re.fullmatch(r"layer/\d+/resid_max", k) is not None)
+    runs = load(HERE, sys.argv[1:], lambda k: k == "stab/amp_scale" or RESID.fullmatch(k) is not None)
     results, md = analyze(runs)
     write(HERE, results, md)
     plot(runs)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -24,15 +25,27 @@ EXPLODES = 2.0  # Post-LN's early update "explodes" at depth when its max early 
 #                 >= 2x DeepNorm's there
 
 
-def early_update(run: dict) -> float:
+def ratios(run: dict) -> list[tuple[int, float]]:
+    """(step, update ratio) of the steps with a finite update (a non-finite one means the run diverged)."""
+    return [(s, v) for s, v in run["curves"].get("stab/update_ratio", []) if math.isfinite(v)]
+
+
+def early_update(run: dict) -> float | None:
     """Largest ||W_after - W_before|| / ||W_before|| over all parameters in the first EARLY steps."""
-    return max(v for s, v in run["curves"]["stab/update_ratio"] if s < EARLY)
+    return max((v for s, v in ratios(run) if s < EARLY), default=None)
 
 
-def late_update(run: dict) -> float:
-    """Mean update ratio over the last 50 logged steps: a frozen model makes tiny updates."""
-    points = run["curves"]["stab/update_ratio"]
-    return mean(v for _, v in points[-50:])
+def late_update(run: dict) -> float | None:
+    """Mean update ratio over the last 50 steps of a run that trained to the end (a frozen model makes tiny
+    updates); None for a run stopped early."""
+    return None if run.get("stopped_early") else mean(v for _, v in ratios(run)[-50:])
+
+
+def val_loss(run: dict) -> float:
+    """Final val loss; a diverged run (or one without a finite final loss) counts as ln V."""
+    value = run.get("final_val_loss")
+    ok = not run.get("diverged") and value is not None and math.isfinite(value)
+    return value if ok else run["loss_init"]
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
@@ -41,7 +54,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for placement in PLACEMENTS:
         for depth in depths:
             rs = runs.where(placement=placement, n_layers=depth)
-            c = {"val": mean(r["final_val_loss"] for r in rs if not r.get("diverged")),
+            c = {"val": mean(r["final_val_loss"] for r in rs if val_loss(r) != r["loss_init"]),
                  "failed": sum(bool(r.get("failed")) for r in rs), "runs": len(rs),
                  "early": mean(early_update(r) for r in rs), "late": mean(late_update(r) for r in rs),
                  "max_grad_norm": max(r.get("max_grad_norm") or 0 for r in rs)}
@@ -54,7 +67,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     post_fail = cells[("post", deep)]["failed"] / cells[("post", deep)]["runs"]
     deep_fail = cells[("deepnorm", deep)]["failed"] / cells[("deepnorm", deep)]["runs"]
     ratio = cells[("post", deep)]["early"] / cells[("deepnorm", deep)]["early"]
-    growth = {p: cells[(p, deep)]["early"] / cells[(p, shallow)]["early"] for p in PLACEMENTS}
+    growth = {p: cells[(p, deep)]["early"] / cells[(p, shallow)]["early"] for p in PLACEMENTS}  # finite by now
     checks = [
         [f"Post-LN fails at L={deep} where DeepNorm trains (failed fraction post / deepnorm)",
          f"{post_fail:.2f} / {deep_fail:.2f}", post_fail > 0 and deep_fail == 0],
@@ -72,11 +85,10 @@ def plot(runs: Runs) -> None:
     depths = runs.values("n_layers")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for i, placement in enumerate(PLACEMENTS):
-        axes[0].plot(depths, [mean(r["final_val_loss"] if not r.get("diverged") else r["loss_init"]
-                                   for r in runs.where(placement=placement, n_layers=d)) for d in depths],
+        axes[0].plot(depths, [mean(val_loss(r) for r in runs.where(placement=placement, n_layers=d)) for d in depths],
                      marker="o", color=f"C{i}", label=placement)
         for r in runs.where(placement=placement, n_layers=max(depths), seed=0):
-            steps, values = zip(*r["curves"]["stab/update_ratio"], strict=True)
+            steps, values = zip(*ratios(r), strict=True)
             axes[1].plot(steps, values, color=f"C{i}", label=placement)
     axes[0].set(xscale="log", xticks=depths, xticklabels=depths, xlabel="layers L",
                 ylabel="final val loss (diverged = ln V)", title="depth ladder (dim 64)")
