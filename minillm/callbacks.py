@@ -533,7 +533,8 @@ class RunSummary(L.Callback):
                skipped_steps, amp_scale, tokens, train_time_s (validation excluded), tokens_per_s,
                wall_time_s (from the callback's creation), run_dir
     diverged and failed follow EXPERIMENTS.md: diverged = DivergenceGuard stopped the run, or the final val
-    loss is >= ln V; failed = diverged, or no finite final val loss, or a final val loss >= unigram_loss.
+    loss is >= ln V; failed = diverged, crashed (status failed), no finite final val loss, or a final val
+    loss >= unigram_loss.
     max_grad_norm and nonfinite_grad_steps cover every step; the other StabilityMonitor maxima its measured
     steps. ``config`` (from the YAML, e.g.
     ``seed: ${seed}``) is written as given; the rest is read from the module, the trainer's optimizer and
@@ -656,7 +657,7 @@ class RunSummary(L.Callback):
             "test_loss": self.test_loss,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": bool(guard and guard.diverged),
-            "failed": diverged or final_val is None or not math.isfinite(final_val)
+            "failed": status == "failed" or diverged or final_val is None or not math.isfinite(final_val)
             or (s["unigram_loss"] is not None and final_val >= s["unigram_loss"]),
             "max_grad_norm": getattr(monitor, "max_grad_norm", None),
             "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),

@@ -87,10 +87,15 @@ def varying_keys(runs: Sequence[Run]) -> list[str]:
     return [k for k in EXTRA_KEYS if len({_key(r.get(k)) for r in runs}) > 1]
 
 
+def _hashable(value: Any) -> Any:
+    """Dict and list values (e.g. norm_options) as their JSON text, so they can form a group key."""
+    return _key(value) if isinstance(value, (dict, list)) else value
+
+
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[tuple, list[Run]]:
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
-        groups[tuple(r.get(k) for k in keys)].append(r)
+        groups[tuple(_hashable(r.get(k)) for k in keys)].append(r)
     return dict(sorted(groups.items(), key=lambda kv: [_sort_key(v) for v in kv[0]]))
 
 

@@ -80,6 +80,17 @@ class PoisonGrad(L.Callback):
             pl_module.model.layers[0].ffn.w1.weight.grad[0, 0] = self.value
 
 
+class CrashAt(L.Callback):
+    """Raises at the start of step ``at_step``: a crash (OOM, a bug), not a divergence."""
+
+    def __init__(self, at_step: int):
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated crash")
+
+
 # --- unit level ---------------------------------------------------------------------------------------------
 
 
@@ -329,6 +340,17 @@ def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(
         assert ckpt["global_step"] == 2
         assert all(t.isfinite().all() for t in ckpt["state_dict"].values() if t.is_floating_point())
     assert not (run / "samples.txt").exists()  # no sample from NaN weights, and no crash
+
+
+def test_a_crashed_run_is_failed_in_its_summary_even_with_a_good_validation(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=8", "trainer.val_check_interval=2",
+                      "+callbacks.crash={_target_:test_callbacks.CrashAt,at_step:3}")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "failed" and "simulated crash" in summary["error"]
+    assert summary["diverged"] is False and math.isfinite(summary["final_val_loss"])  # a validation at step 2
+    assert summary["failed"] is True  # so no analysis counts its partial loss as a result
 
 
 def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_path, corpus):

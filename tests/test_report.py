@@ -20,7 +20,7 @@ LOSS_INIT = math.log(V)
 
 
 def make_run(root: Path, i: int, norm: str, placement: str, lr: float, seed: int, final: float | None,
-             diverged: bool = False, warmup: int = 100, steps: int = 20, n_layers: int = 2) -> Path:
+             diverged: bool = False, warmup: int = 100, steps: int = 20, n_layers: int = 2, **extra) -> Path:
     """A run folder as train.py leaves it: summary.json and csv/metrics.csv (sparse rows)."""
     run = root / str(i)
     (run / "csv").mkdir(parents=True)
@@ -29,7 +29,7 @@ def make_run(root: Path, i: int, norm: str, placement: str, lr: float, seed: int
                "loss_init": LOSS_INIT,
                "final_val_loss": None if diverged else final, "best_val_loss": final, "diverged": diverged,
                "max_attn_logit": 10.0 * lr * (100 if diverged else 1), "max_abs_h": 5.0, "max_grad_norm": 2.0,
-               "spike_count": 1, "skipped_steps": 0, "tokens_per_s": 1000.0}
+               "spike_count": 1, "skipped_steps": 0, "tokens_per_s": 1000.0, **extra}
     (run / "summary.json").write_text(json.dumps(summary))
     keys = ["step", "train/loss", "stab/grad_norm", "stab/max_abs_h",
             *(f"layer/{j}/resid_rms" for j in range(n_layers)), "val/loss"]
@@ -106,6 +106,16 @@ def test_a_varying_config_key_splits_rows(tmp_path):
     assert data["extra_keys"] == ["warmup_steps"]
     assert [r["warmup_steps"] for r in data["rows"]] == [0, 100]
     assert "| norm | placement | lr | warmup_steps | runs |" in write_report(root).read_text()
+
+
+def test_a_sweep_over_norms_with_their_option_dicts_reports(tmp_path):
+    """Regression: each norm's summary carries its own norm_options dict, which used to crash the grouping."""
+    root = tmp_path / "sweep"
+    make_run(root, 0, "layernorm", "pre", 1e-3, 0, 2.0, norm_options={"eps_mode": "inside", "bias": True})
+    make_run(root, 1, "rmsnorm", "pre", 1e-3, 0, 2.1, norm_options={"eps_mode": "inside", "cast": "llama"})
+    data = summarize(find_runs(root))
+    assert data["extra_keys"] == ["norm_options"] and len(data["rows"]) == 2
+    assert '"cast": "llama"' in write_report(root).read_text()
 
 
 def test_cli_writes_the_report(sweep, tmp_path):
