@@ -123,6 +123,14 @@ class LossSpikeDetector:
         self.count += spike
         return score, spike
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend(state["history"])
+        self.count = state["count"]
+
 
 def spike_scores(losses: Iterable[float], **kwargs) -> tuple[list[float], list[bool]]:
     """Scores and spike flags of a whole loss series (LossSpikeDetector options as keywords)."""
@@ -131,8 +139,8 @@ def spike_scores(losses: Iterable[float], **kwargs) -> tuple[list[float], list[b
     return list(scores), list(spikes)
 
 
-def _finite_max(current: float | None, value: float) -> float | None:
-    if not math.isfinite(value):
+def _finite_max(current: float | None, value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
         return current
     return value if current is None else max(current, value)
 
@@ -285,6 +293,7 @@ class StabilityMonitor(L.Callback):
         # run totals, read by RunSummary; the gradient ones cover every step and stay on the device
         self._max_grad_norm: Tensor | None = None
         self._nonfinite_grad_steps: Tensor | int = 0
+        self._before_resume = {"max_grad_norm": None, "nonfinite_grad_steps": 0, "skipped_steps": 0}
         self.max_attn_logit: float | None = None
         self.max_abs_h: float | None = None
         self.max_log_z: float | None = None
@@ -300,17 +309,32 @@ class StabilityMonitor(L.Callback):
 
     @property
     def skipped_steps(self) -> int:
-        return int(self._skipped)
+        return self._before_resume["skipped_steps"] + int(self._skipped)
 
     @property
     def max_grad_norm(self) -> float | None:
         """Largest finite global gradient norm over every optimizer step (after unscaling, before clipping)."""
-        return None if self._max_grad_norm is None else float(self._max_grad_norm)
+        now = None if self._max_grad_norm is None else float(self._max_grad_norm)
+        return _finite_max(self._before_resume["max_grad_norm"], now)
 
     @property
     def nonfinite_grad_steps(self) -> int:
         """Optimizer steps whose gradients held an inf or NaN (under 16-mixed: the steps the scaler skipped)."""
-        return int(self._nonfinite_grad_steps)
+        return self._before_resume["nonfinite_grad_steps"] + int(self._nonfinite_grad_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run totals and the spike history (plain values), so a resumed run continues them."""
+        return {"spikes": self.spikes.state_dict(), "max_grad_norm": self.max_grad_norm,
+                "nonfinite_grad_steps": self.nonfinite_grad_steps, "skipped_steps": self.skipped_steps,
+                "max_attn_logit": self.max_attn_logit, "max_abs_h": self.max_abs_h, "max_log_z": self.max_log_z,
+                "amp_scale": self.amp_scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.spikes.load_state_dict(state["spikes"])
+        self._before_resume = {k: state[k] for k in ("max_grad_norm", "nonfinite_grad_steps", "skipped_steps")}
+        self._max_grad_norm, self._nonfinite_grad_steps, self._skipped = None, 0, 0
+        self.max_attn_logit, self.max_abs_h = state["max_attn_logit"], state["max_abs_h"]
+        self.max_log_z, self.amp_scale = state["max_log_z"], state["amp_scale"]
 
     @property
     def spike_count(self) -> int:
@@ -467,6 +491,14 @@ class DivergenceGuard(L.Callback):
         self.diverged, self.step, self.reason = False, None, None
         self._over, self._step = 0, 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Consecutive steps above the ceiling so far (and the verdict), so a resumed run keeps counting."""
+        return {"over": self._over, "diverged": self.diverged, "step": self.step, "reason": self.reason}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._over, self.diverged, self.step, self.reason = state["over"], state["diverged"], state["step"], \
+            state["reason"]
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         cfg = getattr(getattr(pl_module, "model", None), "cfg", None)
         if self.max_loss is None and self.max_loss_factor is not None and cfg is not None:
@@ -532,6 +564,8 @@ class RunSummary(L.Callback):
                max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z,
                skipped_steps, amp_scale, tokens, train_time_s (validation excluded), tokens_per_s,
                wall_time_s (from the callback's creation), run_dir
+    A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
+    in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
     diverged and failed follow EXPERIMENTS.md: diverged = DivergenceGuard stopped the run, or the final val
     loss is >= ln V; failed = diverged, crashed (status failed), no finite final val loss, or a final val
     loss >= unigram_loss.
@@ -545,18 +579,38 @@ class RunSummary(L.Callback):
         self.filename, self.config = filename, dict(config or {})
         self._t0 = time.time()
         self._fit_seen = False
-        self._reset_fit()
-        self.test_loss: float | None = None
-
-    def _reset_fit(self) -> None:
         self.val_history: list[tuple[int, float]] = []
         self.tokens, self.batch_shape = 0, None
-        self._t_train, self._train_time, self._val_t, self._val_time = None, 0.0, None, 0.0
+        self._t_train: float | None = None  # when this process started training
+        self._val_t: float | None = None  # when the running validation started (None outside one)
+        self._val_time = 0.0  # validation seconds since _t_train
+        self._before = {"train_time": 0.0, "wall_time": 0.0}  # earlier segments of a resumed run
+        self.test_loss: float | None = None
+
+    def train_time(self) -> float:
+        """Seconds spent training (validation excluded), over every segment of the run."""
+        if self._t_train is None:
+            return self._before["train_time"]
+        now = time.time()
+        running_val = now - self._val_t if self._val_t is not None else 0.0
+        return self._before["train_time"] + now - self._t_train - self._val_time - running_val
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to summarize the whole run (plain values for weights_only loading)."""
+        return {"val_history": [list(v) for v in self.val_history], "tokens": self.tokens,
+                "batch_shape": list(self.batch_shape) if self.batch_shape else None,
+                "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
+        self.tokens = state["tokens"]
+        self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
+        self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
 
     # timing and counting
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_seen = True
-        self._t_train = time.time()
+        self._t_train, self._val_time = time.time(), 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -566,11 +620,13 @@ class RunSummary(L.Callback):
             self.tokens += x.numel() * trainer.world_size
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_t = time.time()
+        if not trainer.sanity_checking and self._t_train is not None:
+            self._val_t = time.time()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._val_t is not None:
             self._val_time += time.time() - self._val_t
+            self._val_t = None
         if trainer.sanity_checking:
             return
         value = trainer.callback_metrics.get("val/loss")
@@ -578,8 +634,7 @@ class RunSummary(L.Callback):
             self.val_history.append((trainer.global_step, float(value)))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._t_train is not None:
-            self._train_time = time.time() - self._t_train - self._val_time
+        self._before["train_time"], self._t_train = self.train_time(), None  # training is over: freeze
 
     # writing
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -649,6 +704,7 @@ class RunSummary(L.Callback):
             diverged, step = True, trainer.global_step
             reason = f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
         monitor = _callback(trainer, StabilityMonitor)
+        train_time = self.train_time()
         s.update({
             "status": "diverged" if diverged and status == "completed" else status,
             "error": error,
@@ -668,9 +724,9 @@ class RunSummary(L.Callback):
             "skipped_steps": monitor.skipped_steps if monitor else None,
             "amp_scale": getattr(monitor, "amp_scale", None),
             "tokens": self.tokens,
-            "train_time_s": round(self._train_time, 3),
-            "tokens_per_s": self.tokens / self._train_time if self._train_time > 0 else None,
-            "wall_time_s": round(time.time() - self._t0, 3),
+            "train_time_s": round(train_time, 3),
+            "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
+            "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
         })
         return s

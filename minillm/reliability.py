@@ -7,6 +7,7 @@ GradScaler and buffers such as BatchNorm running statistics; docs/reliability.md
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -20,6 +21,8 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from minillm.model import ModelConfig
 
 log = logging.getLogger("minillm")
 
@@ -108,13 +111,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 # --- resuming with the same model ---------------------------------------------------------------------
 
 
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
+
 def _canonical(model: dict) -> dict:
     """rmsnorm and fused_rmsnorm count as the same norm (also in per-layer overrides); norm_options.sync
     (pool BatchNorm statistics over DDP processes) changes neither the weights nor one process's function."""
     def norm(name: Any) -> Any:
         return "rmsnorm" if name in INTERCHANGEABLE_NORMS else name
 
-    out = {**model, "norm": norm(model.get("norm"))}
+    out = {**_FIELD_DEFAULTS, **model, "norm": norm(model.get("norm"))}  # a field added since: its default
     if isinstance(out.get("norm_options"), dict):
         out["norm_options"] = {k: v for k, v in out["norm_options"].items() if k != "sync"}
     if out.get("layers"):

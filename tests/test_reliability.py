@@ -303,6 +303,10 @@ def test_model_config_diff_lists_fields_and_allows_fused_rmsnorm():
         "placement: checkpoint 'pre', config 'post'", "vocab_size: checkpoint 65, config 256"]
     with pytest.raises(CheckpointError, match="no hyper_parameters"):
         check_model_config(None, saved)
+    older = {k: v for k, v in saved.items() if k != "depth_scaled_init"}  # written before the field existed
+    assert model_config_diff(older, saved) == []  # its default is what the old code did
+    assert model_config_diff(older, {**saved, "depth_scaled_init": False}) == [
+        "depth_scaled_init: checkpoint True, config False"]
 
 
 def test_resume_with_another_model_config_is_one_config_error(tmp_path, corpus):

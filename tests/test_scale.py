@@ -95,7 +95,7 @@ def test_synced_batch_stats_match_one_process_on_the_concatenated_batch(tmp_path
                     torch.testing.assert_close(got["buffers"][k], v, rtol=1e-5, atol=1e-5, msg=f"{msg} {k}")
 
 
-def test_unsynced_batch_stats_differ_under_ddp(tmp_path):
+def test_without_sync_a_shard_is_normalized_by_its_own_batch(tmp_path):
     """Control for the test above: without sync each process normalizes by its own batch only."""
     x, _ = _data(0)
     norm = build_norm("batchnorm", C, max_seq_len=8)
@@ -161,8 +161,12 @@ def _train_steps(norm: str, compile: bool, backend: str, steps: int = 3) -> list
 def test_compiled_model_trains_like_eager(norm):
     """model.compile=true: the compiled model (dynamo graph + AOT autograd, no codegen) matches eager."""
     torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     eager = _train_steps(norm, compile=False, backend="inductor")
+    assert counters["stats"]["unique_graphs"] == 0
     compiled = _train_steps(norm, compile=True, backend="aot_eager")
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]  # really compiled, whole
     assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-5)
 
 

@@ -133,6 +133,13 @@ def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):
     a, b = train_losses(Path(full.paths.output_dir)), train_losses(Path(resumed.paths.output_dir))
     assert sorted(b) == [4, 5, 6, 7]  # the resumed run starts at step 4, not 0
     assert all(a[s] == b[s] for s in b), (a, b)  # bit-identical continuation on CPU in fp32
+    # the summary covers the whole run, not only the resumed segment (the callbacks' state is checkpointed)
+    whole, tail = (json.loads((Path(c.paths.output_dir) / "summary.json").read_text()) for c in (full, resumed))
+    for key in ("steps", "tokens", "best_val_loss", "best_val_step", "final_val_loss", "max_grad_norm",
+                "nonfinite_grad_steps", "spike_count", "max_abs_h", "diverged"):
+        assert tail[key] == pytest.approx(whole[key], rel=1e-6), key
+    first_summary = json.loads((Path(first.paths.output_dir) / "summary.json").read_text())
+    assert tail["train_time_s"] > first_summary["train_time_s"]  # the first segment's time is included
 
 
 def test_wandb_offline_run_directory_is_created(tmp_path, corpus, monkeypatch):
