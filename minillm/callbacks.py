@@ -528,7 +528,7 @@ class DivergenceGuard(L.Callback):
     def _check_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Safety net before anything can save a checkpoint (the per-step check is in on_train_batch_end)."""
         if self.check_weights and not self.diverged and not params_finite(pl_module):
-            self._step = trainer.global_step
+            self._step = max(trainer.global_step - 1, 0)  # index of the last optimizer step taken
             self.trip(trainer, "non-finite weights")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -566,6 +566,8 @@ class RunSummary(L.Callback):
                wall_time_s (from the callback's creation), run_dir
     A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
     in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
+    Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
+    indices, as the ``step`` column of csv/metrics.csv (a validation after k steps is at index k - 1).
     diverged and failed follow EXPERIMENTS.md: diverged = DivergenceGuard stopped the run, or the final val
     loss is >= ln V; failed = diverged, crashed (status failed), no finite final val loss, or a final val
     loss >= unigram_loss.
@@ -631,7 +633,7 @@ class RunSummary(L.Callback):
             return
         value = trainer.callback_metrics.get("val/loss")
         if value is not None:
-            self.val_history.append((trainer.global_step, float(value)))
+            self.val_history.append((max(trainer.global_step - 1, 0), float(value)))  # the CSV's step index
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._before["train_time"], self._t_train = self.train_time(), None  # training is over: freeze
@@ -701,7 +703,7 @@ class RunSummary(L.Callback):
         guard = _callback(trainer, DivergenceGuard)
         diverged, step, reason = (guard.diverged, guard.step, guard.reason) if guard else (False, None, None)
         if not diverged and final_val is not None and loss_init is not None and not final_val < loss_init:
-            diverged, step = True, trainer.global_step
+            diverged, step = True, max(trainer.global_step - 1, 0)
             reason = f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
         monitor = _callback(trainer, StabilityMonitor)
         train_time = self.train_time()
