@@ -142,6 +142,7 @@ def main(cfg: DictConfig) -> float | None:
         metrics = train(cfg)
     except ConfigError as err:
         log.error(f"config error: {err}")
+        log.debug("where it was raised (hydra.verbose=minillm shows this)", exc_info=err)
         sys.exit(2)
     return metrics.get(cfg.get("optimized_metric"))
 
