@@ -375,7 +375,7 @@ def unreachable_wandb(tmp_path, monkeypatch):
 
 
 def test_training_runs_to_the_end_when_wandb_server_is_unreachable(unreachable_wandb, tmp_path, corpus):
-    cfg = compose_cfg(tmp_path, corpus, *FAST, "logger=wandb", "+logger.wandb.init_timeout=2")
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "logger=wandb", "logger.wandb.init_timeout=2")
     start = time.time()
     with pytest.warns(UserWarning, match="W&B could not start online .*logging offline instead"):
         metrics = train_script.train(cfg)
