@@ -83,8 +83,10 @@ def _key(value: Any) -> str:
 
 
 def varying_keys(runs: Sequence[Run]) -> list[str]:
-    """The EXTRA_KEYS whose value is not the same in every run."""
-    return [k for k in EXTRA_KEYS if len({_key(r.get(k)) for r in runs}) > 1]
+    """The EXTRA_KEYS that take several values within one norm x placement x lr group (so they split rows;
+    norm_options, which follows the norm, does not count unless an option varies for the same norm)."""
+    groups = group_runs(runs, GROUP_KEYS).values()
+    return [k for k in EXTRA_KEYS if any(len({_key(r.get(k)) for r in members}) > 1 for members in groups)]
 
 
 def _hashable(value: Any) -> Any:

@@ -114,8 +114,11 @@ def test_a_sweep_over_norms_with_their_option_dicts_reports(tmp_path):
     make_run(root, 0, "layernorm", "pre", 1e-3, 0, 2.0, norm_options={"eps_mode": "inside", "bias": True})
     make_run(root, 1, "rmsnorm", "pre", 1e-3, 0, 2.1, norm_options={"eps_mode": "inside", "cast": "llama"})
     data = summarize(find_runs(root))
-    assert data["extra_keys"] == ["norm_options"] and len(data["rows"]) == 2
-    assert '"cast": "llama"' in write_report(root).read_text()
+    assert data["extra_keys"] == [] and len(data["rows"]) == 2  # the options follow the norm: no extra column
+    make_run(root, 2, "layernorm", "pre", 1e-3, 0, 2.2, norm_options={"eps_mode": "outside", "bias": True})
+    data = summarize(find_runs(root))  # an option that varies for the same norm splits its rows
+    assert data["extra_keys"] == ["norm_options"] and len(data["rows"]) == 3
+    assert '"eps_mode": "outside"' in write_report(root).read_text()
 
 
 def test_cli_writes_the_report(sweep, tmp_path):
