@@ -66,17 +66,22 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             gaps = [v - t for v, t in zip(val, train, strict=True) if v is not None and t is not None]
             cells[(norm, b)] = {"val": mean(val), "val_range": spread(val), "train": mean(train),
                                 "gap": mean(gaps), "bn_dev": mean(dev), "runs": len(rs),
-                                "diverged": sum(bool(r.get("diverged")) for r in rs)}
-    rows = [[norm, b, c["val"], c["val_range"], c["train"], c["gap"], c["bn_dev"], c["diverged"]]
-            for (norm, b), c in cells.items()]
-    main = table(["norm", "batch", "val loss (eval mode)", "seed range", "train loss (last 50 steps)",
-                  "val - train", "batch vs running mean distance (2nd half)", "diverged"], rows)
+                                "diverged": sum(bool(r.get("diverged")) for r in rs),
+                                "failed": sum(bool(r.get("failed")) for r in rs),
+                                "val_per_seed": [r.get("final_val_loss") for r in sorted(rs, key=lambda r: r["seed"])]}
+    rows = [[norm, b, c["val"], c["val_range"], " / ".join(f"{v:.3f}" for v in c["val_per_seed"]), c["train"],
+             c["gap"], c["bn_dev"], f"{c['diverged']} / {c['failed']}"] for (norm, b), c in cells.items()]
+    main = table(["norm", "batch", "val loss, eval mode (not diverged)", "seed range", "val loss per seed",
+                  "train loss (last 50 steps)", "val - train", "batch vs running mean distance (2nd half)",
+                  "diverged / failed"], rows)
     checks = []
     for b in batches:
         bn, ln = cells[("batchnorm", b)], cells[("layernorm", b)]
         noise = max(bn["val_range"] or 0, ln["val_range"] or 0)
         if bn["val"] is None or bn["diverged"]:  # a diverged BatchNorm run is worse by definition
-            checks.append([f"BN worse than LN at batch {b}", "BN diverged", noise, True])
+            diff = "-" if bn["val"] is None else f"{bn['val'] - ln['val']:.3f}"
+            checks.append([f"BN worse than LN at batch {b}", f"{diff} ({bn['diverged']} of {bn['runs']} BN runs "
+                           "diverged)", noise, True])
         else:
             diff = bn["val"] - ln["val"]
             checks.append([f"BN worse than LN at batch {b}", diff, noise, diff >= GAP and diff >= 2 * noise])
@@ -106,9 +111,13 @@ def plot(runs: Runs) -> None:
     width = 0.8 / len(NORMS)
     for i, norm in enumerate(NORMS):
         for j, b in enumerate(batches):
-            vals = [v for v in (val_loss(r) for r in runs.where(norm=norm, batch_size=b)) if v is not None]
+            rs = runs.where(norm=norm, batch_size=b)
+            vals = [v for v in (val_loss(r) for r in rs) if v is not None]
             axes[0].bar(j + i * width, mean(vals), width, color=f"C{i}", label=norm if j == 0 else None)
             axes[0].scatter([j + i * width] * len(vals), vals, color="k", s=8, zorder=3)
+            if len(vals) < len(rs):  # diverged seeds are off the scale: say so on the bar
+                axes[0].annotate(f"+{len(rs) - len(vals)} diverged", (j + i * width, mean(vals)), ha="center",
+                                 va="bottom", fontsize=8, xytext=(0, 14), textcoords="offset points")
     axes[0].set(xticks=[j + width for j in range(len(batches))], xticklabels=[f"batch {b}" for b in batches],
                 ylabel="val loss, eval mode (nats/char)", ylim=(1.5, None), title="final val loss per seed")
     axes[0].legend()
