@@ -64,6 +64,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     main = table(["placement", "L", "final val loss (not diverged)", "failed", f"max update ratio, steps < {EARLY}",
                   "mean update ratio, last 50 steps", "max grad norm"], rows, digits=4)
     deep, shallow = max(depths), min(depths)
+    per_seed = table(["placement", "seed", "final val loss", "best val loss", "unigram loss", "failed"],
+                     [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], bool(r["failed"])]
+                      for p in PLACEMENTS for r in sorted(runs.where(placement=p, n_layers=deep),
+                                                          key=lambda r: r["seed"])], digits=3)
     post_fail = cells[("post", deep)]["failed"] / cells[("post", deep)]["runs"]
     deep_fail = cells[("deepnorm", deep)]["failed"] / cells[("deepnorm", deep)]["runs"]
     ratio = cells[("post", deep)]["early"] / cells[("deepnorm", deep)]["early"]
@@ -75,27 +79,36 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
     ]
     md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. Update ratio = ||W_after - W_before|| / "
-          f"||W_before|| over all parameters, one optimizer step, logged every step.\n\n{main}\n\n### Checks "
-          f"(thresholds fixed before the runs)\n\n{table(['check', 'value', 'holds'], checks)}\n")
+          f"||W_before|| over all parameters, one optimizer step, logged every step.\n\n{main}\n\n"
+          f"### Every run at L={deep}\n\n{per_seed}\n\n### Checks (thresholds fixed before the runs)\n\n"
+          f"{table(['check', 'value', 'holds'], checks)}\n")
     return {"cells": [{"placement": p, "n_layers": d, **c} for (p, d), c in cells.items()], "checks": checks,
             "machine": machine()}, md
 
 
 def plot(runs: Runs) -> None:
     depths = runs.values("n_layers")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4))
     for i, placement in enumerate(PLACEMENTS):
         axes[0].plot(depths, [mean(val_loss(r) for r in runs.where(placement=placement, n_layers=d)) for d in depths],
                      marker="o", color=f"C{i}", label=placement)
         for r in runs.where(placement=placement, n_layers=max(depths), seed=0):
             steps, values = zip(*ratios(r), strict=True)
             axes[1].plot(steps, values, color=f"C{i}", label=placement)
-    axes[0].set(xscale="log", xticks=depths, xticklabels=depths, xlabel="layers L",
+        for r in runs.where(placement=placement, n_layers=max(depths)):
+            steps, values = zip(*r["curves"]["train/loss"], strict=True)
+            axes[2].plot(steps, values, color=f"C{i}", ls="-" if r["seed"] == 0 else "--",
+                         label=f"{placement}, seed {r['seed']}")
+    axes[0].set(xscale="log", xlabel="layers L",
                 ylabel="final val loss (diverged = ln V)", title="depth ladder (dim 64)")
     axes[1].set(yscale="log", xlabel="step", ylabel="update ratio ||dW|| / ||W||",
                 title=f"per-step model update, L={max(depths)}, seed 0")
-    axes[0].legend()
-    axes[1].legend()
+    axes[0].set_xticks(depths, [str(d) for d in depths], minor=False)
+    axes[0].set_xticks([], minor=True)
+    axes[2].axhline(runs[0]["unigram_loss"], color="gray", lw=0.8, ls=":", label="unigram loss")
+    axes[2].set(xlabel="step", ylabel="train loss (nats/char)", ylim=(1.8, 4.6), title=f"train loss, L={max(depths)}")
+    for ax in axes:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(HERE / "depth.png", dpi=110)
     plt.close(fig)
