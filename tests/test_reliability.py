@@ -131,10 +131,11 @@ def test_first_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
     """In-process Ctrl-C: the same path as SIGTERM (the subprocess test above resumes from it)."""
     cfg = compose_cfg(tmp_path, corpus, *FAST, "+callbacks.signal._target_=test_reliability.SignalAt",
                       f"+callbacks.signal.signum={int(signal.SIGINT)}", "+callbacks.signal.step=2")
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN when pytest runs as a background job
     with pytest.raises(SystemExit) as exit_info:
         train_script.train(cfg)
     assert exit_info.value.code == 128 + signal.SIGINT
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a later Ctrl-C is a plain one
+    assert signal.getsignal(signal.SIGINT) is before  # restored: a later Ctrl-C is a plain one
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
     assert read_checkpoint_header(ckpt)["global_step"] == 2
 
@@ -151,10 +152,11 @@ def test_preemption_around_validation_resumes_exactly(step, during_validation, v
                       "+callbacks.signal._target_=test_reliability.SignalAt",
                       f"+callbacks.signal.signum={int(signal.SIGTERM)}", f"+callbacks.signal.step={step}",
                       f"+callbacks.signal.during_validation={during_validation}")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(SystemExit) as exit_info:
         train_script.train(cfg)
     assert exit_info.value.code == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # our Ctrl-C handler is gone again
+    assert {s: signal.getsignal(s) for s in before} == before  # our handlers are gone again
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
     assert read_checkpoint_header(ckpt)["global_step"] == step
 
