@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CPU sweep studies S2, S3, S4, S5 and S7 and their analyses, as committed. Each study's sweep
 # (`python train.py -m experiment=<study>`, see its README) is split into two shards run at once, one per
-# core (one thread each), by seed, batch size or precision. About 2.5 hours on 2 cores.
+# core (one thread each), by seed, batch size or precision. About 3 hours on 2 cores.
 #   bash experiments/run_cpu_studies.sh            # all five
 #   bash experiments/run_cpu_studies.sh s4 s7      # some
 set -euo pipefail
@@ -36,6 +36,9 @@ for study in "${studies[@]}"; do
         a=$!; sweep s5_precision c trainer=cpu_fp16 seed=1 & join $a $!
         $PY experiments/s5_precision/analyze.py "logs/s5_precision/$STAMP" ;;
     s7) sweep s7_depth a seed=0 & a=$!; sweep s7_depth b seed=1 & join $a $!
+        # follow-up: eight more seeds of Post-LN and DeepNorm at the deepest L
+        sweep s7_depth c placement=post,deepnorm model.n_layers=48 seed=2,3,4,5 & a=$!
+        sweep s7_depth d placement=post,deepnorm model.n_layers=48 seed=6,7,8,9 & join $a $!
         $PY experiments/s7_depth/analyze.py "logs/s7_depth/$STAMP" ;;
     *) echo "unknown study $study (s2 s3 s4 s5 s7)" >&2; exit 2 ;;
   esac
