@@ -164,7 +164,8 @@ class PreemptionCheckpoint(L.Callback):
     raising ``SIGTERMException`` there; this callback saves ``<dirpath>/<filename>.ckpt`` in ``on_exception``
     and sets the exit status to 128 + signal. During training it puts itself in front of Lightning's handler:
     a first Ctrl-C counts as SIGTERM (a second one aborts at once, saving nothing), and a signal that arrives
-    during a validation is held until the validation ends. Other exceptions save nothing: a step cut short
+    during a validation is held until the validation ends; a process started with SIGINT ignored keeps ignoring
+    it. Other exceptions save nothing: a step cut short
     leaves no consistent state; use the last periodic checkpoint. The file is never removed automatically.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
@@ -185,6 +186,8 @@ class PreemptionCheckpoint(L.Callback):
         if os.name != "posix" or threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGINT) if self.handle_sigint else (signal.SIGTERM,):
+            if signum == signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # started with Ctrl-C ignored (a background job of a script, nohup-like): keep it so
             self._saved_handlers[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:

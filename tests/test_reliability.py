@@ -101,7 +101,7 @@ def test_signal_to_train_py_saves_a_checkpoint_that_resumes_exactly(signum, tmp_
     path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            env=env)
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see sigint
     out = []
     try:
         for line in proc.stdout:
@@ -127,17 +127,35 @@ def test_signal_to_train_py_saves_a_checkpoint_that_resumes_exactly(signum, tmp_
     assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
 
 
-def test_first_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
+@pytest.fixture
+def sigint():
+    """Sets SIGINT's handler for one test (Python's default_int_handler unless the test sets another) and
+    restores the one before: pytest started as a background job of a script begins with SIGINT ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_first_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path, corpus, sigint):
     """In-process Ctrl-C: the same path as SIGTERM (the subprocess test above resumes from it)."""
     cfg = compose_cfg(tmp_path, corpus, *FAST, "+callbacks.signal._target_=test_reliability.SignalAt",
                       f"+callbacks.signal.signum={int(signal.SIGINT)}", "+callbacks.signal.step=2")
-    before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN when pytest runs as a background job
     with pytest.raises(SystemExit) as exit_info:
         train_script.train(cfg)
     assert exit_info.value.code == 128 + signal.SIGINT
-    assert signal.getsignal(signal.SIGINT) is before  # restored: a later Ctrl-C is a plain one
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # a later Ctrl-C is a plain one
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
     assert read_checkpoint_header(ckpt)["global_step"] == 2
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path, corpus, sigint):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "+callbacks.signal._target_=test_reliability.SignalAt",
+                      f"+callbacks.signal.signum={int(signal.SIGINT)}", "+callbacks.signal.step=2")
+    train_script.train(cfg)  # no SystemExit
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert max(logged(read_rows(cfg.paths.output_dir), "train/loss")) == 5  # all 6 steps
+    assert not (Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt").exists()
 
 
 @pytest.mark.parametrize("step, during_validation, val_batches", [
