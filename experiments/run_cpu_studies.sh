@@ -39,7 +39,15 @@ for study in "${studies[@]}"; do
         # follow-up: eight more seeds of Post-LN and DeepNorm at the deepest L
         sweep s7_depth c placement=post,deepnorm model.n_layers=48 seed=2,3,4,5 & a=$!
         sweep s7_depth d placement=post,deepnorm model.n_layers=48 seed=6,7,8,9 & join $a $!
-        $PY experiments/s7_depth/analyze.py "logs/s7_depth/$STAMP" ;;
+        $PY experiments/s7_depth/analyze.py "logs/s7_depth/$STAMP"
+        # mechanism: the first 100 steps of the L=48 Post-LN / DeepNorm runs again, output change logged
+        mech() {
+          $PY train.py -m experiment=s7_depth placement=post,deepnorm model.n_layers=48 "seed=$2" \
+            trainer.max_steps=100 scheduler.total_steps=300 callbacks.stability.output_change=true \
+            hydra.sweep.dir="logs/s7_output/$STAMP/$1" > "logs/s7_output-$STAMP-$1.log" 2>&1
+        }
+        mech a 0,1,2,3,4 & a=$!; mech b 5,6,7,8,9 & join $a $!
+        $PY experiments/s7_depth/output_change.py "logs/s7_output/$STAMP" ;;
     *) echo "unknown study $study (s2 s3 s4 s5 s7)" >&2; exit 2 ;;
   esac
 done

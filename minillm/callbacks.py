@@ -9,6 +9,8 @@ describe (the same step as ``train/loss``):
     stab/grad_norm           L2 norm of all gradients, after AMP unscaling and before clipping
     stab/grad_nonfinite      number of non-finite gradient elements
     stab/update_ratio        ||W_after - W_before|| / ||W_before|| over all parameters, for one optimizer step
+    stab/output_change       RMS change of the log-probabilities of the probe sequences over one optimizer
+                             step (DeepNet's "model update"; opt-in: output_change=true, two extra forwards)
     stab/max_abs_h           max |h| of the residual stream over all blocks
     stab/log_z_mean, stab/log_z_max   log Z = logsumexp of the LM logits over the vocabulary (train batch)
     stab/max_attn_logit      max over layers of layer/<i>/attn_logit_max   (probe steps only)
@@ -277,16 +279,18 @@ class StabilityMonitor(L.Callback):
     Cheap metrics (gradient norms, residual and norm-site statistics, log Z, update ratio) every
     ``every_n_steps`` optimizer steps; the attention-logit probe every ``probe_every_n_steps``; the loss-spike
     score and the GradScaler bookkeeping every step (both are scalar reads). Hooks exist only during the
-    measured steps, so other steps run the model untouched.
+    measured steps, so other steps run the model untouched. ``output_change`` runs the model twice more on the
+    first ``probe_batch_size`` sequences of a measured step, in eval mode and without gradients, before and
+    after the optimizer step (BatchNorm uses its running statistics there and does not update them).
     """
 
     def __init__(self, every_n_steps: int = 10, probe_every_n_steps: int | None = 100,
-                 probe_batch_size: int = 4, update_ratio: bool = True, spike_window: int = 50,
-                 spike_k: float = 4.0, spike_min_history: int = 10):
+                 probe_batch_size: int = 4, update_ratio: bool = True, output_change: bool = False,
+                 spike_window: int = 50, spike_k: float = 4.0, spike_min_history: int = 10):
         if every_n_steps < 1 or (probe_every_n_steps is not None and probe_every_n_steps < 1):
             raise ValueError("every_n_steps must be >= 1, probe_every_n_steps >= 1 or null")
         self.every_n_steps, self.probe_every_n_steps = every_n_steps, probe_every_n_steps
-        self.probe_batch_size, self.update_ratio = probe_batch_size, update_ratio
+        self.probe_batch_size, self.update_ratio, self.output_change = probe_batch_size, update_ratio, output_change
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
         self.probe: ActivationProbe | None = None
         self.scaler = None
@@ -305,6 +309,8 @@ class StabilityMonitor(L.Callback):
         self._step, self._measure, self._stepped = 0, False, False
         self._pending: dict[str, Tensor | float] = {}
         self._w_before: list[Tensor] | None = None
+        self._probe_x: Tensor | None = None  # output_change: the probe sequences and their log-probs before
+        self._logp_before: Tensor | None = None
         self._scale_before: Tensor | None = None
 
     @property
@@ -351,6 +357,8 @@ class StabilityMonitor(L.Callback):
         if self._measure and self.probe is not None and not self.probe.attached:
             probe_attn = self.probe_every_n_steps is not None and self._step % self.probe_every_n_steps == 0
             self.probe.attach(attention=probe_attn)
+        if self._measure and self.output_change and self._probe_x is None:  # first micro-batch of the step
+            self._probe_x = batch[0][: self.probe_batch_size].detach()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         self._stepped = True
@@ -388,6 +396,18 @@ class StabilityMonitor(L.Callback):
         self._pending["stab/grad_nonfinite"] = torch.tensor(float(nonfinite))
         if self.update_ratio:
             self._w_before = [p.detach().clone() for _, _, p in params]
+        if self._probe_x is not None:
+            self._logp_before = self._probe_logp(model)
+
+    def _probe_logp(self, model: nn.Module) -> Tensor:
+        """Log-probabilities of the probe sequences, eval mode, no gradients, fp32 (outside autocast)."""
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return torch.log_softmax(model(self._probe_x).float(), dim=-1)
+        finally:
+            model.train(training)
 
     @staticmethod
     def _params(model: nn.Module) -> list[tuple[str, int | None, Tensor]]:
@@ -436,6 +456,9 @@ class StabilityMonitor(L.Callback):
             tensors = dict(self._pending)
             if self._w_before is not None:
                 tensors.update(self._update_ratios(getattr(pl_module, "model", pl_module)))
+            if self._logp_before is not None:
+                after = self._probe_logp(getattr(pl_module, "model", pl_module))
+                tensors["stab/output_change"] = (after - self._logp_before).pow(2).mean().sqrt()
             if tensors:
                 keys = list(tensors)
                 values = torch.stack([tensors[k].detach().float().cpu() for k in keys]).tolist()

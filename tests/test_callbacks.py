@@ -231,7 +231,7 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     dm.setup("fit")
     module = instantiate(cfg.module, _partial_=True)(
         model=train_script.model_config(cfg, dm.vocab_size), optimizer=instantiate(cfg.optimizer))
-    monitor = StabilityMonitor(every_n_steps=1, probe_every_n_steps=None)
+    monitor = StabilityMonitor(every_n_steps=1, probe_every_n_steps=None, output_change=True)
     guard, logger = DivergenceGuard(), MemoryLogger()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=logger, enable_checkpointing=False,
@@ -243,6 +243,7 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     assert logger.series("stab/amp_skipped_steps") == {0: 0.0, 1: 1.0, 2: 1.0}
     assert logger.series("stab/grad_nonfinite")[1] >= 1 and logger.series("stab/grad_nonfinite")[0] == 0
     assert logger.series("stab/update_ratio")[1] == 0.0  # the skipped step changed nothing
+    assert logger.series("stab/output_change")[1] == 0.0 < min(logger.series("stab/output_change")[s] for s in (0, 2))
     assert monitor.skipped_steps == 1 and not guard.diverged
 
 
@@ -309,6 +310,24 @@ def test_max_grad_norm_covers_every_step_not_only_the_measured_ones(tmp_path, co
     summary = json.loads((Path(sparse.paths.output_dir) / "summary.json").read_text())
     assert sorted(logged(read_rows(Path(sparse.paths.output_dir)), "stab/grad_norm")) == [0, 4]
     assert summary["max_grad_norm"] == pytest.approx(max(norms.values()), rel=1e-6)  # same run, deterministic
+
+
+def test_output_change_leaves_training_untouched(tmp_path, corpus):
+    """stab/output_change runs two extra forwards per measured step: with BatchNorm (running statistics) the
+    train and val losses must be exactly those of a run without it. (A step that changes no weight changes
+    no output: the GradScaler test.)"""
+    base = ["norm=batchnorm", "trainer.max_steps=4", "trainer.val_check_interval=4",
+            "callbacks.stability.every_n_steps=1"]
+    runs = {}
+    for name, extra in {"off": [], "on": ["callbacks.stability.output_change=true"]}.items():
+        cfg = compose_cfg(tmp_path / name, corpus, *base, *extra)
+        train_script.train(cfg)
+        runs[name] = read_rows(Path(cfg.paths.output_dir))
+    for key in ("train/loss", "val/loss"):
+        assert logged(runs["on"], key) == logged(runs["off"], key)
+    change = logged(runs["on"], "stab/output_change")
+    assert sorted(change) == [0, 1, 2, 3] and min(change.values()) > 1e-4
+    assert not logged(runs["off"], "stab/output_change")
 
 
 def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(tmp_path, corpus):

@@ -1,0 +1,108 @@
+"""S7, the mechanism: does Post-LN's early *model update* (the change of the model's output per step, DeepNet's
+||ΔF||) explode at L=48, and does it tell the runs that stalled from those that trained?
+
+Reruns the first 100 steps of the 20 runs at L=48 (Post-LN and DeepNorm, seeds 0-9) with the same schedule
+and ``callbacks.stability.output_change=true``, which adds two eval-mode forwards per step and leaves training
+untouched, so each rerun repeats the committed run's losses and inherits its "stalled" label:
+
+    python train.py -m experiment=s7_depth placement=post,deepnorm model.n_layers=48 seed=0,1,2,3,4,5,6,7,8,9 \\
+        trainer.max_steps=100 scheduler.total_steps=300 callbacks.stability.output_change=true
+    python experiments/s7_depth/output_change.py logs/s7_output/<time>   # or no argument: committed runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from analyze import EARLY, EXPLODES, HERE, stalled  # noqa: E402
+from study import load, machine, mean, table  # noqa: E402
+
+OUT = HERE / "output_change"
+METRICS = ("train/loss", "stab/output_change", "stab/update_ratio")
+
+
+def early_max(run: dict, metric: str) -> float:
+    return max(v for s, v in run["curves"][metric] if s < EARLY)
+
+
+def late_mean(run: dict) -> float:
+    """Mean model update over the steps from 50 on (of the first 100): does the model still move?"""
+    return mean(v for s, v in run["curves"]["stab/output_change"] if s >= EARLY)
+
+
+def main(sweep_dirs: list[str]) -> None:
+    OUT.mkdir(exist_ok=True)
+    runs = load(OUT, sweep_dirs, lambda k: k in METRICS)
+    deep = max(r["n_layers"] for r in runs)
+    full = {(r["placement"], r["seed"]): r for r in load(HERE, [], lambda k: k == "train/loss")
+            if r["n_layers"] == deep}
+    groups: dict[str, list[dict]] = {"post, stalled": [], "post, trained": [], "deepnorm": []}
+    mismatch = 0.0  # largest |train loss of the rerun - train loss of the full run| at a common step
+    for r in runs:
+        ref = full[(r["placement"], r["seed"])]
+        ref_loss = dict(ref["curves"]["train/loss"])
+        mismatch = max([mismatch, *(abs(v - ref_loss[s]) for s, v in r["curves"]["train/loss"] if s in ref_loss)])
+        r["stalled"] = stalled(ref)
+        key = "deepnorm" if r["placement"] == "deepnorm" else f"post, {'stalled' if r['stalled'] else 'trained'}"
+        groups[key].append(r)
+    rows = [[g, len(rs), mean(early_max(r, "stab/output_change") for r in rs),
+             min(early_max(r, "stab/output_change") for r in rs), max(early_max(r, "stab/output_change") for r in rs),
+             mean(late_mean(r) for r in rs), mean(early_max(r, "stab/update_ratio") for r in rs)]
+            for g, rs in groups.items() if rs]
+    post = groups["post, stalled"] + groups["post, trained"]
+    ratio = mean(early_max(r, "stab/output_change") for r in post) / mean(
+        early_max(r, "stab/output_change") for r in groups["deepnorm"])
+    stall_min = min((early_max(r, "stab/output_change") for r in groups["post, stalled"]), default=None)
+    trained_max = max((early_max(r, "stab/output_change") for r in groups["post, trained"]), default=None)
+    separates = None if stall_min is None or trained_max is None else stall_min > trained_max
+    checks = [[f"Post-LN's early model update vs DeepNorm's (mean of max over steps < {EARLY})", f"{ratio:.2f}",
+               ratio >= EXPLODES],
+              ["every stalled Post-LN run's early model update exceeds every trained one's",
+               f"{fmt_pair(stall_min, trained_max)}", separates]]
+    md = (f"Machine: {machine()}. {len(runs)} reruns of the first 100 steps at L=48. Model update = RMS change of "
+          f"the log-probabilities of 4 probe sequences over one optimizer step (eval mode). Largest difference "
+          f"between a rerun's train losses and its full run's: {mismatch:.2e}.\n\n"
+          + table(["runs", "n", f"max model update, steps < {EARLY} (mean)", "min", "max",
+                   f"mean model update, steps {EARLY}-99", f"max update ratio dW/W, steps < {EARLY} (mean)"],
+                  rows, digits=4)
+          + "\n\n### Checks (thresholds fixed before the reruns)\n\n"
+          + table(["check", "value", "holds"], checks) + "\n")
+    (OUT / "results.json").write_text(json.dumps({"rows": rows, "checks": checks, "max_loss_mismatch": mismatch,
+                                                  "machine": machine()}, indent=1) + "\n")
+    (OUT / "results.md").write_text(md)
+    print(md)
+    plot(groups)
+
+
+def fmt_pair(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"min stalled {a:.3f} vs max trained {b:.3f}"
+
+
+def plot(groups: dict[str, list[dict]]) -> None:
+    colors = {"post, stalled": "C3", "post, trained": "C1", "deepnorm": "C2"}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for g, rs in groups.items():
+        for i, r in enumerate(rs):
+            for ax, metric in zip(axes, ("stab/output_change", "train/loss"), strict=True):
+                steps, values = zip(*r["curves"][metric], strict=True)
+                ax.plot(steps, values, color=colors[g], lw=0.8, alpha=0.7, label=g if i == 0 else None)
+    axes[0].set(yscale="log", xlabel="step", ylabel="RMS change of log-probs per step",
+                title="model update per step, L=48")
+    axes[1].set(xlabel="step", ylabel="train loss (nats/char)", title="train loss (first 100 of 300 steps)")
+    for ax in axes:
+        ax.axvline(40, color="gray", lw=0.8, ls=":")  # end of warmup
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "output_change.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
