@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CPU sweep studies S2, S3, S4, S5 and S7 and their analyses, as committed. Each study's sweep
 # (`python train.py -m experiment=<study>`, see its README) is split into two shards run at once, one per
-# core (one thread each), by seed, batch size or precision. About 3 hours on 2 cores.
+# core (one thread each), by seed, batch size or precision. About 3.5 hours on 2 cores.
 #   bash experiments/run_cpu_studies.sh            # all five
 #   bash experiments/run_cpu_studies.sh s4 s7      # some
 set -euo pipefail
@@ -47,7 +47,14 @@ for study in "${studies[@]}"; do
             hydra.sweep.dir="logs/s7_output/$STAMP/$1" > "logs/s7_output-$STAMP-$1.log" 2>&1
         }
         mech a 0,1,2,3,4 & a=$!; mech b 5,6,7,8,9 & join $a $!
-        $PY experiments/s7_depth/output_change.py "logs/s7_output/$STAMP" ;;
+        $PY experiments/s7_depth/output_change.py "logs/s7_output/$STAMP"
+        # warmup: the L=48 Post-LN runs again with a 120-step warmup
+        warm() {
+          $PY train.py -m experiment=s7_depth placement=post model.n_layers=48 scheduler.warmup_steps=120 \
+            "seed=$2" hydra.sweep.dir="logs/s7_warmup/$STAMP/$1" > "logs/s7_warmup-$STAMP-$1.log" 2>&1
+        }
+        warm a 0,1,2,3,4 & a=$!; warm b 5,6,7,8,9 & join $a $!
+        $PY experiments/s7_depth/warmup.py "logs/s7_warmup/$STAMP" ;;
     *) echo "unknown study $study (s2 s3 s4 s5 s7)" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,49 @@
+"""S7 and S2 together: the Post-LN stalls at L=48 set in at the end of the 40-step warmup. Does a 3x longer
+warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
+
+    python train.py -m experiment=s7_depth placement=post model.n_layers=48 scheduler.warmup_steps=120 \\
+        seed=0,1,2,3,4,5,6,7,8,9
+    python experiments/s7_depth/warmup.py logs/s7_warmup/<time>      # or no argument: committed runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from analyze import HERE, stalled, val_loss  # noqa: E402
+from study import load, machine, mean, table  # noqa: E402
+
+OUT = HERE / "warmup"
+# Fixed before the runs: the longer warmup "prevents the stalls" when at most PREVENTS of its 10 runs stall
+# (4 of 10 stalled with the 40-step warmup).
+PREVENTS = 1
+
+
+def main(sweep_dirs: list[str]) -> None:
+    OUT.mkdir(exist_ok=True)
+    long = load(OUT, sweep_dirs, lambda k: k == "train/loss")
+    deep = max(r["n_layers"] for r in long)
+    short = load(HERE, [], lambda k: False).where(placement="post", n_layers=deep)
+    rows, cells = [], {}
+    for warmup, runs in ((short[0]["warmup_steps"], short), (long[0]["warmup_steps"], long)):
+        trained = [val_loss(r) for r in runs if not stalled(r)]
+        cells[warmup] = sum(map(stalled, runs))
+        rows.append([warmup, f"{cells[warmup]}/{len(runs)}", mean(trained),
+                     ", ".join(f"{val_loss(r):.3f}" for r in sorted(runs, key=lambda r: r["seed"]))])
+    holds = cells[long[0]["warmup_steps"]] <= PREVENTS
+    md = (f"Machine: {machine()}. Post-LN, L={deep}, lr 3e-3, 300 steps, seeds 0-9.\n\n"
+          + table(["warmup steps", "stalled", "final val loss of the runs that trained (mean)",
+                   "final val loss per seed (0-9)"], rows)
+          + "\n\n" + table(["check (fixed before the runs)", "holds"],
+                           [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
+          + "\n")
+    (OUT / "results.json").write_text(json.dumps({"rows": rows, "holds": holds, "machine": machine()}, indent=1) + "\n")
+    (OUT / "results.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
