@@ -388,7 +388,8 @@ def unreachable_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "f" * 40)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    wandb.teardown()  # wandb reads the environment once per process setup
+    wandb.finish()  # a run an earlier test left open (Lightning's finalize does not finish it) ...
+    wandb.teardown()  # ... then a fresh setup: wandb reads the environment once per process setup
     yield
     wandb.finish()
     wandb.teardown()
