@@ -141,6 +141,11 @@ def spike_scores(losses: Iterable[float], **kwargs) -> tuple[list[float], list[b
     return list(scores), list(spikes)
 
 
+def last_step(trainer: L.Trainer) -> int:
+    """0-based index of the last optimizer step taken: the ``step`` of its row in csv/metrics.csv."""
+    return max(trainer.global_step - 1, 0)
+
+
 def _finite_max(current: float | None, value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return current
@@ -519,8 +524,8 @@ class DivergenceGuard(L.Callback):
         return {"over": self._over, "diverged": self.diverged, "step": self.step, "reason": self.reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._over, self.diverged, self.step, self.reason = state["over"], state["diverged"], state["step"], \
-            state["reason"]
+        self._over, self.diverged = state["over"], state["diverged"]
+        self.step, self.reason = state["step"], state["reason"]
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         cfg = getattr(getattr(pl_module, "model", None), "cfg", None)
@@ -551,7 +556,7 @@ class DivergenceGuard(L.Callback):
     def _check_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Safety net before anything can save a checkpoint (the per-step check is in on_train_batch_end)."""
         if self.check_weights and not self.diverged and not params_finite(pl_module):
-            self._step = max(trainer.global_step - 1, 0)  # index of the last optimizer step taken
+            self._step = last_step(trainer)
             self.trip(trainer, "non-finite weights")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -656,7 +661,7 @@ class RunSummary(L.Callback):
             return
         value = trainer.callback_metrics.get("val/loss")
         if value is not None:
-            self.val_history.append((max(trainer.global_step - 1, 0), float(value)))  # the CSV's step index
+            self.val_history.append((last_step(trainer), float(value)))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._before["train_time"], self._t_train = self.train_time(), None  # training is over: freeze
@@ -726,7 +731,7 @@ class RunSummary(L.Callback):
         guard = _callback(trainer, DivergenceGuard)
         diverged, step, reason = (guard.diverged, guard.step, guard.reason) if guard else (False, None, None)
         if not diverged and final_val is not None and loss_init is not None and not final_val < loss_init:
-            diverged, step = True, max(trainer.global_step - 1, 0)
+            diverged, step = True, last_step(trainer)
             reason = f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
         monitor = _callback(trainer, StabilityMonitor)
         train_time = self.train_time()

@@ -165,8 +165,8 @@ class PreemptionCheckpoint(L.Callback):
     and sets the exit status to 128 + signal. During training it puts itself in front of Lightning's handler:
     a first Ctrl-C counts as SIGTERM (a second one aborts at once, saving nothing), and a signal that arrives
     during a validation is held until the validation ends; a process started with SIGINT ignored keeps ignoring
-    it. Other exceptions save nothing: a step cut short
-    leaves no consistent state; use the last periodic checkpoint. The file is never removed automatically.
+    it. Other exceptions save nothing: a step cut short leaves no consistent state; use the last periodic
+    checkpoint. The file is never removed automatically.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
     """

@@ -57,6 +57,17 @@ def stalled(run: dict) -> bool:
     return val_loss(run) >= run["unigram_loss"] - STALL
 
 
+def train_loss_at(run: dict, step: int) -> float | None:
+    return dict(run["curves"].get("train/loss", [])).get(step)
+
+
+def all_on_one_side(k1: int, n1: int, k2: int, n2: int) -> float:
+    """One-sided Fisher exact test: the probability that group 1 gets k1 or more of the k1 + k2 events if
+    every run were equally likely to have one."""
+    k, n = k1 + k2, n1 + n2
+    return sum(math.comb(n1, x) * math.comb(n2, k - x) for x in range(k1, min(k, n1) + 1)) / math.comb(n, k)
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
     depths = runs.values("n_layers")
     cells, rows = {}, []
@@ -75,9 +86,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                   f"max update ratio, steps < {EARLY}",
                   "mean update ratio, last 50 steps", "max grad norm"], rows, digits=4)
     deep, shallow = max(depths), min(depths)
-    per_seed = table(["placement", "seed", "final val loss", "best val loss", "unigram loss", "failed", "stalled"],
+    per_seed = table(["placement", "seed", "final val loss", "best val loss", "unigram loss", "failed", "stalled",
+                      "train loss, step 59", f"max update ratio, steps < {EARLY}"],
                      [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], bool(r["failed"]),
-                       stalled(r)]
+                       stalled(r), train_loss_at(r, 59), early_update(r)]
                       for p in PLACEMENTS for r in sorted(runs.where(placement=p, n_layers=deep),
                                                           key=lambda r: r["seed"])], digits=3)
     post_fail = cells[("post", deep)]["failed"] / cells[("post", deep)]["runs"]
@@ -91,6 +103,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
          f"{cells[('post', deep)]['stalled']}/{cells[('post', deep)]['runs']} / "
          f"{cells[('deepnorm', deep)]['stalled']}/{cells[('deepnorm', deep)]['runs']}",
          cells[("post", deep)]["stalled"] >= STALLS and cells[("deepnorm", deep)]["stalled"] == 0],
+        ["p (one-sided Fisher) of that many stalls on Post-LN if both were equally likely to stall",
+         f"{all_on_one_side(*(cells[(p, deep)][k] for p in ('post', 'deepnorm') for k in ('stalled', 'runs'))):.3f}",
+         None],
         [f"Post-LN's early update at L={deep} vs DeepNorm's (ratio)", f"{ratio:.2f}", ratio >= EXPLODES],
         *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
     ]

@@ -12,7 +12,6 @@ untouched, so each rerun repeats the committed run's losses and inherits its "st
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from analyze import EARLY, EXPLODES, HERE, stalled  # noqa: E402
-from study import load, machine, mean, table  # noqa: E402
+from study import load, machine, mean, table, write  # noqa: E402
 
 OUT = HERE / "output_change"
 METRICS = ("train/loss", "stab/output_change", "stab/update_ratio")
@@ -30,6 +29,11 @@ METRICS = ("train/loss", "stab/output_change", "stab/update_ratio")
 
 def early_max(run: dict, metric: str) -> float:
     return max(v for s, v in run["curves"][metric] if s < EARLY)
+
+
+def early_argmax(run: dict) -> int:
+    """Step of the largest model update in the first EARLY steps."""
+    return max(((s, v) for s, v in run["curves"]["stab/output_change"] if s < EARLY), key=lambda sv: sv[1])[0]
 
 
 def late_mean(run: dict) -> float:
@@ -73,11 +77,13 @@ def main(sweep_dirs: list[str]) -> None:
                    f"mean model update, steps {EARLY}-99", f"max update ratio dW/W, steps < {EARLY} (mean)"],
                   rows, digits=4)
           + "\n\n### Checks (thresholds fixed before the reruns)\n\n"
-          + table(["check", "value", "holds"], checks) + "\n")
-    (OUT / "results.json").write_text(json.dumps({"rows": rows, "checks": checks, "max_loss_mismatch": mismatch,
-                                                  "machine": machine()}, indent=1) + "\n")
-    (OUT / "results.md").write_text(md)
-    print(md)
+          + table(["check", "value", "holds"], checks)
+          + "\n\n### Every run\n\n"
+          + table(["runs", "seed", f"max model update, steps < {EARLY}", "at step",
+                   f"mean model update, steps {EARLY}-99"],
+                  [[g, r["seed"], early_max(r, "stab/output_change"), early_argmax(r), late_mean(r)]
+                   for g, rs in groups.items() for r in sorted(rs, key=lambda r: r["seed"])], digits=3))
+    write(OUT, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "machine": machine()}, md)
     plot(groups)
 
 

@@ -8,13 +8,12 @@ warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analyze import HERE, stalled, val_loss  # noqa: E402
-from study import load, machine, mean, table  # noqa: E402
+from study import load, machine, mean, table, write  # noqa: E402
 
 OUT = HERE / "warmup"
 # Fixed before the runs: the longer warmup "prevents the stalls" when at most PREVENTS of its 10 runs stall
@@ -40,9 +39,7 @@ def main(sweep_dirs: list[str]) -> None:
           + "\n\n" + table(["check (fixed before the runs)", "holds"],
                            [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
           + "\n")
-    (OUT / "results.json").write_text(json.dumps({"rows": rows, "holds": holds, "machine": machine()}, indent=1) + "\n")
-    (OUT / "results.md").write_text(md)
-    print(md)
+    write(OUT, {"rows": rows, "holds": holds, "machine": machine()}, md)
 
 
 if __name__ == "__main__":
