@@ -22,9 +22,9 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from minillm.checkpointing import check_resume
 from minillm.model import ModelConfig
 from minillm.norms import norm_options
-from minillm.reliability import check_resume
 
 log = logging.getLogger("minillm")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from minillm.checkpointing import check_model_config
 from minillm.model import ModelConfig, Transformer
-from minillm.reliability import check_model_config
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 

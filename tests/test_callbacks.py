@@ -1,4 +1,4 @@
-"""Stability instrumentation, divergence as a result, run summary (minillm/callbacks.py)."""
+"""Stability instrumentation, divergence as a result, run summary (minillm/callbacks/)."""
 
 from __future__ import annotations
 

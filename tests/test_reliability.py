@@ -1,5 +1,5 @@
 """Reliability: exact resume (preemption, BatchNorm, bf16), determinism, atomic and checked checkpoints, W&B
-fallback (minillm/reliability.py, minillm/loggers.py). docs/reliability.md maps each guarantee to its test."""
+fallback (minillm/checkpointing.py, minillm/loggers.py). docs/reliability.md maps each guarantee to its test."""
 
 from __future__ import annotations
 
@@ -24,11 +24,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
 import train as train_script
-from minillm.data import TextDataModule
-from minillm.lit_module import LitLM
-from minillm.loggers import SafeWandbLogger
-from minillm.model import ModelConfig
-from minillm.reliability import (
+from minillm.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
     check_model_config,
@@ -36,6 +32,10 @@ from minillm.reliability import (
     model_config_diff,
     read_checkpoint_header,
 )
+from minillm.data import TextDataModule
+from minillm.lit_module import LitLM
+from minillm.loggers import SafeWandbLogger
+from minillm.model import ModelConfig
 
 # 6 steps, validation after steps 3 and 6, no callbacks but the preemption one, no test pass
 FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",

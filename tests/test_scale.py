@@ -197,14 +197,14 @@ def test_perf_metrics_logged_in_a_tiny_run(tmp_path, corpus):
         assert all(v > 0 for v in values) if key != "perf/data_wait_frac" else all(0 <= v < 1 for v in values)
     tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
     fps = [float(r["perf/flops_per_s_device"]) for r in rows if r.get("perf/flops_per_s_device")]
-    from minillm.perf import analytic_flops_per_token
+    from minillm.callbacks.perf import analytic_flops_per_token
     per_token = analytic_flops_per_token(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2,
                                                      max_seq_len=32), 32)
     assert fps[-1] / tps[-1] == pytest.approx(per_token, rel=0.05)  # vocab differs slightly from the corpus's
 
 
 def test_measured_flops_match_the_analytic_count():
-    from minillm.perf import analytic_flops_per_token, measured_flops_per_batch
+    from minillm.callbacks.perf import analytic_flops_per_token, measured_flops_per_batch
 
     cfg = ModelConfig(vocab_size=65, dim=64, n_layers=2, n_heads=4, max_seq_len=32)
     assert measured_flops_per_batch(cfg, 3, 32) == 3 * 32 * analytic_flops_per_token(cfg, 32)

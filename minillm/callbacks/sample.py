@@ -1,0 +1,68 @@
+"""TextSample: generate text from a prompt when training ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from minillm.callbacks.divergence import params_finite
+
+
+class TextSample(L.Callback):
+    """Generate text from ``prompt`` when training ends: printed, written to samples.txt and logged to W&B."""
+
+    def __init__(self, prompt: str = "\n", max_new_tokens: int = 300, temperature: float = 0.8,
+                 top_k: int | None = None, seed: int = 0):
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+
+    def prompt_ids(self, tokenizer) -> list[int]:
+        """The prompt's token ids; characters the tokenizer does not know are dropped with a warning."""
+        try:
+            return [int(i) for i in tokenizer.encode(self.prompt)]
+        except ValueError:
+            ids = []
+            for ch in self.prompt:
+                try:
+                    ids += [int(i) for i in tokenizer.encode(ch)]
+                except ValueError:
+                    pass
+            rank_zero_warn(f"text_sample: prompt {self.prompt!r} has characters outside the vocabulary; "
+                           f"sampling from the known ones ({len(ids)} tokens)")
+            return ids or [0]
+
+    def sample(self, pl_module: L.LightningModule, tokenizer) -> str:
+        ids = torch.tensor([self.prompt_ids(tokenizer)], dtype=torch.long, device=pl_module.device)
+        gen = torch.Generator(device=pl_module.device).manual_seed(self.seed)
+        was_training = pl_module.training
+        pl_module.eval()
+        out = pl_module.model.generate(ids, self.max_new_tokens, self.temperature, self.top_k, gen)
+        pl_module.train(was_training)
+        return tokenizer.decode(out[0].tolist())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Every process generates (a sharded model needs all of them in each forward); rank 0 reports."""
+        tokenizer = getattr(trainer.datamodule, "tokenizer", None)
+        if tokenizer is None or self.max_new_tokens <= 0:
+            return
+        finite = trainer.strategy.reduce_boolean_decision(params_finite(pl_module), all=True)
+        if not finite:  # a diverged model cannot be sampled (NaN probabilities)
+            if trainer.is_global_zero:
+                print(f"\n--- no sample after {trainer.global_step} steps: non-finite weights ---")
+            return
+        text = self.sample(pl_module, tokenizer)
+        if not trainer.is_global_zero:
+            return
+        print(f"\n--- sample after {trainer.global_step} steps ---\n{text}\n---")
+        Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(trainer.default_root_dir) / "samples.txt", "a") as f:
+            f.write(f"step {trainer.global_step}:\n{text}\n\n")
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_text("samples", columns=["step", "text"], data=[[trainer.global_step, text]])
+
+
