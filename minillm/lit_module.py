@@ -8,10 +8,12 @@ from collections.abc import Callable
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from minillm.checkpointing import check_model_config
+from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.model import ModelConfig, Transformer
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
@@ -20,10 +22,10 @@ SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 def lr_lambda(kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
     """Multiplier of the peak lr at a step: linear warmup, then cosine / linear decay to min_lr_ratio,
     constant, or inverse square root (1 / sqrt(step / warmup))."""
-    if kind not in SCHEDULES:
-        raise ValueError(f"scheduler.kind={kind!r} is invalid; allowed: {', '.join(SCHEDULES)}")
-    if warmup_steps < 0 or total_steps <= 0:
-        raise ValueError(f"scheduler needs warmup_steps >= 0 and total_steps > 0, got {warmup_steps}, {total_steps}")
+    check_choice("scheduler.kind", kind, SCHEDULES)
+    check_int("scheduler.warmup_steps", warmup_steps, low=0)
+    check_int("scheduler.total_steps", total_steps, low=1)
+    check_number("scheduler.min_lr_ratio", min_lr_ratio, low=0.0, high=1.0)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -45,26 +47,43 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, kind: str = "cosine", warm
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps, min_lr_ratio))
 
 
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 class LitLM(L.LightningModule):
     """Trains ``Transformer(model)`` on (x, y) token windows.
 
     Weight decay applies to the matrices of linear layers; norm gains/biases (every 0-D and 1-D
     parameter) and the token embedding get it only when ``decay_norms`` / ``decay_embeddings`` say so.
+    With ``compile``, training runs ``torch.compile(model.forward)``; ``eager_forward = True`` runs the model
+    uncompiled instead (StabilityMonitor sets it on the steps it measures, so its forward hooks fire: hooks
+    added to a compiled model are not seen). ``run_settings`` (plain values: optimizer, schedule, data, ...) is
+    stored in checkpoints, so a resumed run can be checked against the settings it was trained with.
     """
 
     def __init__(self, model: ModelConfig | dict, optimizer: Callable | None = None,
                  scheduler: Callable | None = None, decay_norms: bool = False, decay_embeddings: bool = False,
                  z_loss: float = 0.0, compile: bool = False, compile_backend: str = "inductor",
-                 compile_mode: str | None = None):
+                 compile_mode: str | None = None, run_settings: dict | None = None):
         super().__init__()
+        check_bool("module.decay_norms", decay_norms)
+        check_bool("module.decay_embeddings", decay_embeddings)
+        check_number("module.z_loss", z_loss, low=0.0)
+        check_bool("model.compile", compile)
+        if compile:
+            if compile_backend not in torch.compiler.list_backends(exclude_tags=()):
+                raise invalid("module.compile_backend", compile_backend, ", ".join(torch.compiler.list_backends()))
+            check_choice("module.compile_mode", compile_mode, COMPILE_MODES)
         model = ModelConfig(**model) if isinstance(model, dict) else model
         # plain values only, so checkpoints load with torch.load(weights_only=True)
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"], logger=False)
         self.hparams["model"] = model.to_dict()
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.model = Transformer(model)
-        if compile:
-            self.model.compile(backend=compile_backend, mode=compile_mode)  # in place: same state_dict keys
+        # a function, not a module: the state_dict keeps its keys and the eager model stays callable
+        self.compiled_forward = (torch.compile(self.model.forward, backend=compile_backend, mode=compile_mode)
+                                 if compile else None)
+        self.eager_forward = False
         self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
         self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
 
@@ -73,6 +92,8 @@ class LitLM(L.LightningModule):
         self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None)
 
     def forward(self, idx: Tensor) -> Tensor:
+        if self.compiled_forward is not None and not self.eager_forward:
+            return self.compiled_forward(idx)
         return self.model(idx)
 
     def loss(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,14 +125,20 @@ class LitLM(L.LightningModule):
         """loss = mean CE over every evaluated token (all processes); ppl = exp(loss); bpc = loss in bits."""
         ce = self.eval_ce.compute()
         self.eval_ce.reset()
-        self.log(f"{stage}/loss", ce, prog_bar=stage == "val")
-        self.log(f"{stage}/ppl", ce.exp())
+        # ce is already the mean over every process (MeanMetric syncs); sync_dist only confirms it to Lightning
+        self.log(f"{stage}/loss", ce, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/ppl", ce.exp(), sync_dist=True)
         if self.bits_per_token:
-            self.log(f"{stage}/bpc", ce * self.bits_per_token)
+            self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""
         check_model_config((checkpoint.get("hyper_parameters") or {}).get("model"), self.hparams["model"])
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Also record the W&B run id, so a resumed run continues the same W&B run."""
+        wandb_id = next((lg.version for lg in self.trainer.loggers if isinstance(lg, WandbLogger)), None)
+        checkpoint["minillm"] = {"wandb_run_id": wandb_id}
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch)
@@ -138,7 +165,7 @@ class LitLM(L.LightningModule):
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:
-            raise ValueError("LitLM needs an optimizer factory to train, "
+            raise ConfigError("LitLM needs an optimizer factory to train, "
                              "e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
         optimizer = self.optimizer_factory(self.param_groups())
         if self.scheduler_factory is None:

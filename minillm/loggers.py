@@ -1,13 +1,76 @@
-"""A W&B logger that never stops training: offline by default, falls back to offline when online fails."""
+"""Loggers: a CSV log that survives several writers, and a W&B logger that never stops training."""
 
 from __future__ import annotations
 
+import csv
 import os
 from collections.abc import Sequence
 
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+
+class AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, made safe for a file that other writers wrote before: it keeps an existing
+    metrics.csv (Lightning deletes it) and takes the header from the file at every save, so a resumed run, or
+    the test pass of a DDP run whose fit ran in other processes, adds rows instead of failing or erasing."""
+
+    def _check_log_dir_exists(self) -> None:
+        pass  # keep what is there
+
+    def _file_header(self) -> list[str]:
+        if not self._fs.isfile(self.metrics_file_path):
+            return []
+        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+            return next(csv.reader(f), [])
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        on_disk = self._file_header()
+        self.metrics_keys = sorted(set(on_disk) | set(self.metrics_keys) | set().union(*self.metrics))
+        if on_disk and set(self.metrics_keys) != set(on_disk):
+            self._rewrite_with_new_header(self.metrics_keys)
+        with self._fs.open(self.metrics_file_path, mode="a" if on_disk else "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+            if not on_disk:
+                writer.writeheader()
+            writer.writerows(self.metrics)
+        self.metrics = []
+
+    def drop_from(self, step: int) -> None:
+        """Remove the rows logged at ``step`` or later (a run resumed from a checkpoint at that step logs them
+        again)."""
+        if not self._fs.isfile(self.metrics_file_path):
+            return
+        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+            reader = csv.DictReader(f)
+            header, rows = reader.fieldnames or [], list(reader)
+        kept = [r for r in rows if not (r.get("step") not in (None, "") and int(float(r["step"])) >= step)]
+        if len(kept) != len(rows):
+            with self._fs.open(self.metrics_file_path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=header)
+                writer.writeheader()
+                writer.writerows(kept)
+
+
+class AppendingCSVLogger(CSVLogger):
+    """CSVLogger writing through AppendingWriter: one metrics.csv per run directory, across resumes and
+    processes. ``resume_at(step)`` drops rows a resumed run will log again."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+    @rank_zero_only
+    def resume_at(self, step: int) -> None:
+        self.experiment.drop_from(step)
 
 
 class SafeWandbLogger(WandbLogger):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minillm.config import ConfigError
 from minillm.norms import NORMS, build_norm, norm_options
 
 BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
@@ -44,7 +45,7 @@ class ModelConfig:
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
-            raise ValueError(f"model.{name}={value!r} is invalid: {allowed}")
+            raise ConfigError(f"model.{name}={value!r} is invalid: {allowed}")
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
@@ -192,7 +193,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, placement: str, norm: str):
         super().__init__()
         if placement not in BLOCK_PLACEMENTS:
-            raise ValueError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
+            raise ConfigError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
         self.placement = placement
         self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
         self.attn = Attention(cfg)

@@ -21,6 +21,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from minillm.config import ConfigError
 from minillm.distributed import batch_mean, global_mean_var, is_synced
 
 EPS_MODES = ("inside", "outside")
@@ -35,7 +36,7 @@ def _inv_scale(second_moment: Tensor, eps: float, eps_mode: str) -> Tensor:
 
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not valid; allowed: {', '.join(allowed)}")
+        raise ConfigError(f"{field}={value!r} is not valid; allowed: {', '.join(allowed)}")
 
 
 class _AffineNorm(nn.Module):
@@ -45,7 +46,7 @@ class _AffineNorm(nn.Module):
         super().__init__()
         _check_choice("eps_mode", eps_mode, EPS_MODES)
         if dim <= 0:
-            raise ValueError(f"dim={dim} must be a positive integer")
+            raise ConfigError(f"dim={dim} must be a positive integer")
         self.dim, self.eps, self.eps_mode, self.zero_centered = dim, float(eps), eps_mode, zero_centered
         self.weight = nn.Parameter(torch.empty(dim)) if affine else None
         self.bias = nn.Parameter(torch.empty(dim)) if affine and bias else None
@@ -131,7 +132,7 @@ class FusedRMSNorm(RMSNorm):
         from minillm.kernels import rmsnorm as kernel
 
         if eps_mode != "inside" or not affine:
-            raise ValueError("fused_rmsnorm supports eps_mode='inside' with affine=True only; "
+            raise ConfigError("fused_rmsnorm supports eps_mode='inside' with affine=True only; "
                              "use norm=rmsnorm for other options")
         kernel.require_fused()
         self._fused = kernel.fused_rms_norm
@@ -167,9 +168,9 @@ class BatchNorm(_AffineNorm):
         _check_choice("stats", stats, self.STATS)
         self.sync = bool(sync)
         if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum={momentum} must be in [0, 1]")
+            raise ConfigError(f"momentum={momentum} must be in [0, 1]")
         if stats == "position" and (max_seq_len is None or max_seq_len <= 0):
-            raise ValueError("batchnorm with stats='position' needs max_seq_len (a positive int)")
+            raise ConfigError("batchnorm with stats='position' needs max_seq_len (a positive int)")
         self.momentum, self.stats, self.max_seq_len = momentum, stats, max_seq_len
         shape = (max_seq_len, dim) if stats == "position" else (dim,)
         super().__init__(dim, eps, eps_mode, affine, bias, zero_centered)
@@ -237,9 +238,9 @@ class DyT(nn.Module):
                  bias: bool = True):
         super().__init__()
         if dim <= 0:
-            raise ValueError(f"dim={dim} must be a positive integer")
+            raise ConfigError(f"dim={dim} must be a positive integer")
         if not (math.isfinite(alpha0) and alpha0 > 0):
-            raise ValueError(f"alpha0={alpha0} must be a finite number > 0")
+            raise ConfigError(f"alpha0={alpha0} must be a finite number > 0")
         self.dim, self.alpha0 = dim, float(alpha0)
         self.alpha = nn.Parameter(torch.empty(1))
         self.weight = nn.Parameter(torch.empty(dim)) if affine else None
@@ -275,7 +276,7 @@ class ScaleNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         if dim <= 0:
-            raise ValueError(f"dim={dim} must be a positive integer")
+            raise ConfigError(f"dim={dim} must be a positive integer")
         self.dim, self.eps = dim, float(eps)
         self.weight = nn.Parameter(torch.empty(1))
         self.reset_parameters()
@@ -377,13 +378,13 @@ class PowerNorm(_AffineNorm):
         self.sync = bool(sync)
         for name, a in (("alpha_fwd", alpha_fwd), ("alpha_bwd", alpha_bwd)):
             if not 0.0 <= a <= 1.0:
-                raise ValueError(f"{name}={a} must be in [0, 1]")
+                raise ConfigError(f"{name}={a} must be in [0, 1]")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps={warmup_steps!r} must be an integer >= 0")
+            raise ConfigError(f"warmup_steps={warmup_steps!r} must be an integer >= 0")
         if not isinstance(group_scaling, int) or group_scaling < 0 or (group_scaling and dim % group_scaling):
-            raise ValueError(f"group_scaling={group_scaling!r} must be 0 (off) or a divisor of dim={dim}")
+            raise ConfigError(f"group_scaling={group_scaling!r} must be 0 (off) or a divisor of dim={dim}")
         if stats == "position" and (max_seq_len is None or max_seq_len <= 0):
-            raise ValueError("powernorm with stats='position' needs max_seq_len (a positive int)")
+            raise ConfigError("powernorm with stats='position' needs max_seq_len (a positive int)")
         self.alpha_fwd, self.alpha_bwd, self.warmup_steps = float(alpha_fwd), float(alpha_bwd), warmup_steps
         self.group_scaling = group_scaling
         self.stats, self.max_seq_len = stats, max_seq_len
@@ -475,11 +476,11 @@ def norm_options(name: str) -> list[str]:
 def build_norm(name: str, dim: int, eps: float = 1e-5, **options) -> nn.Module:
     """Build the norm called ``name`` over the last dimension of size ``dim``."""
     if name not in NORMS:
-        raise ValueError(f"unknown norm {name!r}; valid names: {', '.join(sorted(NORMS))}")
+        raise ConfigError(f"unknown norm {name!r}; valid names: {', '.join(sorted(NORMS))}")
     unknown = sorted(set(options) - set(norm_options(name)))
     if unknown:
-        raise ValueError(f"norm {name!r} does not take option(s) {unknown}; "
+        raise ConfigError(f"norm {name!r} does not take option(s) {unknown}; "
                          f"it takes: {', '.join(norm_options(name)) or 'none'}")
     if not (eps >= 0 and math.isfinite(eps)):
-        raise ValueError(f"eps={eps} must be a finite number >= 0")
+        raise ConfigError(f"eps={eps} must be a finite number >= 0")
     return NORMS[name](dim, eps, **options)

@@ -52,7 +52,6 @@ def compose_cfg(tmp_path: Path, corpus: Path, *overrides: str) -> DictConfig:
         cfg = compose("train", overrides=[*TINY, f"data.files=[{corpus}]", *overrides], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
-        cfg.paths.root_dir = str(ROOT)
         cfg.paths.output_dir = str(tmp_path / "run")
         cfg.paths.log_dir = str(tmp_path / "logs")
         cfg.paths.cache_dir = str(tmp_path / "cache")

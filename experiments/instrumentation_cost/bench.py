@@ -45,7 +45,7 @@ from hydra.utils import instantiate  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-import train as train_script  # noqa: E402
+import minillm.train as train_script  # noqa: E402
 from minillm.callbacks import ActivationProbe  # noqa: E402
 
 VOCAB = 65

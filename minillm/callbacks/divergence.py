@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from minillm.callbacks.common import last_step, log_metrics, train_loss
+from minillm.config import check_bool, check_int, check_number
 
 
 def params_finite(module: nn.Module) -> bool:
@@ -39,8 +40,10 @@ class DivergenceGuard(L.Callback):
 
     def __init__(self, max_loss: float | None = None, max_loss_factor: float | None = 1.5, patience: int = 20,
                  check_weights: bool = True):
-        if patience < 1:
-            raise ValueError(f"patience={patience} must be >= 1")
+        check_number("callbacks.divergence.max_loss", max_loss, low=0.0, low_open=True, optional=True)
+        check_number("callbacks.divergence.max_loss_factor", max_loss_factor, low=0.0, low_open=True, optional=True)
+        check_int("callbacks.divergence.patience", patience, low=1)
+        check_bool("callbacks.divergence.check_weights", check_weights)
         self.max_loss, self.max_loss_factor = max_loss, max_loss_factor
         self.patience, self.check_weights = patience, check_weights
         self.ceiling: float | None = max_loss
@@ -69,17 +72,22 @@ class DivergenceGuard(L.Callback):
         loss = train_loss(outputs)
         if loss is None or self.diverged:
             return
-        value = float(loss.detach())
+        value, reason = float(loss.detach()), None
         if not math.isfinite(value):
-            self.trip(trainer, f"non-finite train loss ({value})")
+            reason = f"non-finite train loss ({value})"
         elif self.check_weights and not params_finite(pl_module):
-            self.trip(trainer, "non-finite weights after the optimizer step")
+            reason = "non-finite weights after the optimizer step"
         elif self.ceiling is not None and value > self.ceiling:
             self._over += 1
             if self._over >= self.patience:
-                self.trip(trainer, f"train loss above {self.ceiling:.4g} for {self._over} consecutive steps")
+                reason = f"train loss above {self.ceiling:.4g} for {self._over} consecutive steps"
         else:
             self._over = 0
+        # every process stops at the same step (losses are per process): one all-reduce under DDP
+        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
+            reason = reason or "another process diverged"
+        if reason is not None:
+            self.trip(trainer, reason)
 
     def _check_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Safety net before anything can save a checkpoint (the per-step check is in on_train_batch_end)."""

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops, measure_flops
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from minillm.config import check_bool, check_number
 from minillm.model import ModelConfig, Transformer
 
 
@@ -65,6 +66,8 @@ class PerfMonitor(L.Callback):
     """
 
     def __init__(self, peak_flops: float | None = None, count_flops: bool = True):
+        check_number("callbacks.perf.peak_flops", peak_flops, low=0.0, low_open=True, optional=True)
+        check_bool("callbacks.perf.count_flops", count_flops)
         self.peak_flops, self.count_flops = peak_flops, count_flops
         self.flops_per_batch: int | None = None
         self.available_flops: float | None = None

@@ -1,4 +1,4 @@
-"""PreemptionCheckpoint: SIGTERM or a first Ctrl-C saves a resumable checkpoint after the current step."""
+"""PreemptionCheckpoint: SIGTERM, SIGUSR2 or a first Ctrl-C saves a resumable checkpoint at a step boundary."""
 
 from __future__ import annotations
 
@@ -9,43 +9,53 @@ import threading
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from minillm import _compat
+from minillm.config import check_bool
 
 log = logging.getLogger("minillm")
 
 
-
 class PreemptionCheckpoint(L.Callback):
-    """On SIGTERM (preemption, ``kill``, SLURM, Kubernetes) or a first Ctrl-C, save a resumable checkpoint.
+    """On SIGTERM (preemption, ``kill``, SLURM, Kubernetes), SIGUSR2 (submitit's and some clusters' warning
+    before a time limit) or a first Ctrl-C, stop at the next step boundary and save a resumable checkpoint.
 
-    Lightning's signal connector turns SIGTERM into a flag that its loops check after each training step,
-    raising ``SIGTERMException`` there; this callback saves ``<dirpath>/<filename>.ckpt`` in ``on_exception``
-    and sets the exit status to 128 + signal. During training it puts itself in front of Lightning's handler:
-    a first Ctrl-C counts as SIGTERM (a second one aborts at once, saving nothing), and a signal that arrives
-    during a validation is held until the validation ends; a process started with SIGINT ignored keeps ignoring
-    it. Other exceptions save nothing: a step cut short leaves no consistent state; use the last periodic
-    checkpoint. The file is never removed automatically.
+    The signal is only recorded when it arrives. After each training step the processes decide together (one
+    all-reduce under DDP) whether any of them got one; if so, they stop after that step, or, when Lightning is
+    about to validate at that step, after the validation: a validation is never cut short, so the resumed run
+    sees the same validations as an uninterrupted one. The stop raises Lightning's ``SIGTERMException``; this
+    callback then saves ``<dirpath>/<filename>.ckpt`` in ``on_exception`` and sets the exit status to
+    128 + signal. For SIGUSR2, the handler that was installed before (submitit's, which requeues the job) runs
+    after the save. A second Ctrl-C aborts at once, saving nothing; a process started with SIGINT ignored keeps
+    ignoring it. Other exceptions save nothing (a step cut short is not a consistent state). The file is never
+    removed automatically.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
     """
 
     def __init__(self, dirpath: str | os.PathLike, filename: str = "preempted", handle_sigint: bool = True):
+        check_bool("callbacks.preemption.handle_sigint", handle_sigint)
         self.ckpt_path = os.path.join(dirpath, f"{filename}.ckpt")
         self.handle_sigint = handle_sigint
-        self.signum: int | None = None  # the signal that stopped training
+        self.signum: int | None = None  # the signal that stopped (or will stop) training
         self._saved_handlers: dict[int, Any] = {}
         self._trainer: L.Trainer | None = None
-        self._held = False
+        self._requested = False  # Lightning's stop flag is set: it stops when the current step ends
+        self._after_validation = False  # stop when the coming (or running) validation ends
         self._validated_at = -1
         self._saving = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.signum, self._held, self._trainer, self._validated_at = None, False, trainer, -1
+        self.signum, self._trainer, self._validated_at = None, trainer, -1
+        self._requested = self._after_validation = False
         if os.name != "posix" or threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGTERM, signal.SIGINT) if self.handle_sigint else (signal.SIGTERM,):
-            if signum == signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
-                continue  # started with Ctrl-C ignored (a background job of a script, nohup-like): keep it so
+        signums = [signal.SIGTERM, signal.SIGUSR2] + ([signal.SIGINT] if self.handle_sigint else [])
+        for signum in signums:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # e.g. Ctrl-C ignored in a background job of a script (nohup-like): keep it so
             self._saved_handlers[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -53,21 +63,41 @@ class PreemptionCheckpoint(L.Callback):
             self._restore(signal.SIGINT)  # a second Ctrl-C raises KeyboardInterrupt as usual
             log.warning("Ctrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to abort)")
         self.signum = self.signum or signum
-        if self._trainer is not None and self._trainer.validating:
-            self._held = True  # passed on in on_validation_end
-        else:
-            self._notify_lightning(frame)
+        if self._trainer is not None and self._trainer.world_size == 1:
+            self._stop_at_next_boundary(self._trainer)  # several processes decide together, after a step
 
-    def _notify_lightning(self, frame: Any = None) -> None:
-        handler = self._saved_handlers.get(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
-        if callable(handler) and handler is not self._on_signal:
-            handler(signal.SIGTERM, frame)  # Lightning's: sets trainer.received_sigterm
+    def _stop_at_next_boundary(self, trainer: L.Trainer) -> None:
+        """Stop after the current step, or after the validation that runs (or will run) at this step."""
+        if self._requested or self._after_validation:
+            return
+        if trainer.validating or _compat.validation_due(trainer):
+            self._after_validation = True
+        else:
+            self._requested = True
+            _compat.request_stop(trainer)
+
+    def _any_process_signalled(self, trainer: L.Trainer) -> bool:
+        pending = self.signum is not None
+        if trainer.world_size > 1:
+            pending = trainer.strategy.reduce_boolean_decision(pending, all=False)
+        if pending:
+            self.signum = self.signum or signal.SIGTERM  # a process without a signal follows the others
+        return pending
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not (self._requested or self._after_validation) and self._any_process_signalled(trainer):
+            self._stop_at_next_boundary(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
         self._validated_at = trainer.global_step
-        if self._held:
-            self._held = False
-            self._notify_lightning()
+        if self._requested:
+            return
+        if self._after_validation or self._any_process_signalled(trainer):
+            self._after_validation, self._requested = False, True
+            _compat.request_stop(trainer)  # Lightning stops right after this validation
 
     def _restore(self, *signums: int) -> None:
         for signum in signums or list(self._saved_handlers):
@@ -80,6 +110,7 @@ class PreemptionCheckpoint(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
+        previous = dict(self._saved_handlers)
         self._restore()
         if not isinstance(exception, SIGTERMException):
             return
@@ -91,14 +122,13 @@ class PreemptionCheckpoint(L.Callback):
         signum = self.signum or signal.SIGTERM
         if trainer.is_global_zero:
             log.warning(f"{signal.Signals(signum).name}: stopped at step {trainer.global_step} and saved "
-                        f"{self.ckpt_path}; resume with the same command plus ckpt_path={self.ckpt_path}")
+                        f"{self.ckpt_path}; resume with the same command plus ckpt_path=auto (or "
+                        f"ckpt_path={self.ckpt_path})")
         exception.code = 128 + int(signum)  # the exit status of a process ended by this signal
+        handler = previous.get(signum)
+        if signum == signal.SIGUSR2 and callable(handler):
+            handler(signum, None)  # e.g. submitit: requeue the job, then exit
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        # Stopped after a validation at this step: Lightning resumes such a checkpoint as one saved at the end
-        # of that validation (as ModelCheckpoint saves), re-running the rest of the step, which counts the
-        # step for the loggers a second time. Store the count as of the validation's end.
         if self._saving and self._validated_at == trainer.global_step:
-            state = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-            if "_batches_that_stepped" in state:  # (Lightning 2.6 layout; the resume tests check it)
-                state["_batches_that_stepped"] -= 1
+            _compat.count_logged_steps_as_of_validation_end(checkpoint)

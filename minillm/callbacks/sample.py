@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -10,13 +11,23 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from minillm.callbacks.divergence import params_finite
+from minillm.config import check_int, check_number, invalid
+
+log = logging.getLogger("minillm")
 
 
 class TextSample(L.Callback):
-    """Generate text from ``prompt`` when training ends: printed, written to samples.txt and logged to W&B."""
+    """Generate text from ``prompt`` when training ends: logged (console and train.log), written to samples.txt
+    and logged to W&B."""
 
     def __init__(self, prompt: str = "\n", max_new_tokens: int = 300, temperature: float = 0.8,
                  top_k: int | None = None, seed: int = 0):
+        if not isinstance(prompt, str):
+            raise invalid("callbacks.text_sample.prompt", prompt, "a string")
+        check_int("callbacks.text_sample.max_new_tokens", max_new_tokens, low=0)
+        check_number("callbacks.text_sample.temperature", temperature, low=0.0)  # 0: greedy
+        check_int("callbacks.text_sample.top_k", top_k, low=1, optional=True)
+        check_int("callbacks.text_sample.seed", seed)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
 
@@ -52,12 +63,12 @@ class TextSample(L.Callback):
         finite = trainer.strategy.reduce_boolean_decision(params_finite(pl_module), all=True)
         if not finite:  # a diverged model cannot be sampled (NaN probabilities)
             if trainer.is_global_zero:
-                print(f"\n--- no sample after {trainer.global_step} steps: non-finite weights ---")
+                log.info(f"no sample after {trainer.global_step} steps: non-finite weights")
             return
         text = self.sample(pl_module, tokenizer)
         if not trainer.is_global_zero:
             return
-        print(f"\n--- sample after {trainer.global_step} steps ---\n{text}\n---")
+        log.info(f"sample after {trainer.global_step} steps:\n{text}\n---")
         Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(trainer.default_root_dir) / "samples.txt", "a") as f:
             f.write(f"step {trainer.global_step}:\n{text}\n\n")

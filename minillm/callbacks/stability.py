@@ -47,6 +47,7 @@ from torch.nn.utils import get_total_norm
 
 from minillm.callbacks.common import finite_max, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
+from minillm.config import check_bool, check_int, check_number
 
 
 class LossSpikeDetector:
@@ -57,8 +58,9 @@ class LossSpikeDetector:
     """
 
     def __init__(self, window: int = 50, k: float = 4.0, min_history: int = 10, min_std: float = 1e-3):
-        if window < 2 or not 2 <= min_history <= window:
-            raise ValueError(f"need window >= 2 and 2 <= min_history <= window, got {window}, {min_history}")
+        check_int("callbacks.stability.spike_window", window, low=2)
+        check_int("callbacks.stability.spike_min_history", min_history, low=2, high=window)
+        check_number("callbacks.stability.spike_k", k, low=0.0, low_open=True)
         self.k, self.min_history, self.min_std = k, min_history, min_std
         self.history: deque[float] = deque(maxlen=window)
         self.count = 0
@@ -103,16 +105,21 @@ class StabilityMonitor(L.Callback):
     Cheap metrics (gradient norms, residual and norm-site statistics, log Z, update ratio) every
     ``every_n_steps`` optimizer steps; the attention-logit probe every ``probe_every_n_steps``; the loss-spike
     score and the GradScaler bookkeeping every step (both are scalar reads). Hooks exist only during the
-    measured steps, so other steps run the model untouched. ``output_change`` runs the model twice more on the
-    first ``probe_batch_size`` sequences of a measured step, in eval mode and without gradients, before and
-    after the optimizer step (BatchNorm uses its running statistics there and does not update them).
+    measured steps, so other steps run the model untouched; with ``model.compile=true`` the measured steps run
+    the model uncompiled (``LitLM.eager_forward``), because hooks added to a compiled model are never called.
+    ``output_change`` runs the model twice more on the first ``probe_batch_size`` sequences of a measured step,
+    in eval mode and without gradients, before and after the optimizer step (BatchNorm uses its running
+    statistics there and does not update them).
     """
 
     def __init__(self, every_n_steps: int = 10, probe_every_n_steps: int | None = 100,
                  probe_batch_size: int = 4, update_ratio: bool = True, output_change: bool = False,
                  spike_window: int = 50, spike_k: float = 4.0, spike_min_history: int = 10):
-        if every_n_steps < 1 or (probe_every_n_steps is not None and probe_every_n_steps < 1):
-            raise ValueError("every_n_steps must be >= 1, probe_every_n_steps >= 1 or null")
+        check_int("callbacks.stability.every_n_steps", every_n_steps, low=1)
+        check_int("callbacks.stability.probe_every_n_steps", probe_every_n_steps, low=1, optional=True)
+        check_int("callbacks.stability.probe_batch_size", probe_batch_size, low=1)
+        check_bool("callbacks.stability.update_ratio", update_ratio)
+        check_bool("callbacks.stability.output_change", output_change)
         self.every_n_steps, self.probe_every_n_steps = every_n_steps, probe_every_n_steps
         self.probe_batch_size, self.update_ratio, self.output_change = probe_batch_size, update_ratio, output_change
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
@@ -181,6 +188,7 @@ class StabilityMonitor(L.Callback):
         if self._measure and self.probe is not None and not self.probe.attached:
             probe_attn = self.probe_every_n_steps is not None and self._step % self.probe_every_n_steps == 0
             self.probe.attach(attention=probe_attn)
+            _eager(pl_module, True)  # a compiled model would not call the hooks
         if self._measure and self.output_change and self._probe_x is None:  # first micro-batch of the step
             self._probe_x = batch[0][: self.probe_batch_size].detach()
 
@@ -294,6 +302,7 @@ class StabilityMonitor(L.Callback):
             log_metrics(trainer, metrics, self._step)
         if self._stepped:
             self._reset_step()
+            _eager(pl_module, False)
 
     def _summarize(self, metrics: dict[str, float]) -> None:
         """Add the step's derived maxima to metrics and fold them into the run totals."""
@@ -311,9 +320,15 @@ class StabilityMonitor(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.probe is not None:
             self.probe.detach()
+        _eager(pl_module, False)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
         if self.probe is not None:
             self.probe.detach()
 
+
+def _eager(pl_module: L.LightningModule, on: bool) -> None:
+    """Run the model uncompiled (LitLM.eager_forward) while the hooks are attached."""
+    if hasattr(pl_module, "eager_forward"):
+        pl_module.eager_forward = on

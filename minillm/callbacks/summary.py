@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from minillm.callbacks.common import find_callback, last_step
@@ -27,11 +28,11 @@ class RunSummary(L.Callback):
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
                weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
                unigram_loss (val loss of the train split's unigram frequencies, from the datamodule)
-      results  status (completed | diverged | failed), error, steps, final_val_loss, best_val_loss,
-               best_val_step, test_loss, diverged, diverged_step, diverged_reason, stopped_early, failed,
-               max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z,
-               skipped_steps, amp_scale, tokens, train_time_s (validation excluded), tokens_per_s,
-               wall_time_s (from the callback's creation), run_dir
+      results  status (completed | diverged | failed | preempted: stopped by a signal, to be resumed; failed is
+               null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, diverged,
+               diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,
+               spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale, tokens,
+               train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir
     A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
     in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
     Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
@@ -117,15 +118,21 @@ class RunSummary(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        self.write(trainer, pl_module, "failed", error=f"{type(exception).__name__}: {exception}")
+        if isinstance(exception, SIGTERMException):  # stopped by a signal, resumable: not an outcome yet
+            self.write(trainer, pl_module, "preempted")
+        else:
+            self.write(trainer, pl_module, "failed", error=f"{type(exception).__name__}: {exception}")
 
     @rank_zero_only
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
               error: str | None = None) -> Path:
         path = Path(trainer.default_root_dir) / self.filename
         summary = self.build(trainer, pl_module, status, error)
-        if not self._fit_seen and path.exists():  # a test-only run adds to the summary of its fit
-            summary = {**json.loads(path.read_text()), **{k: v for k, v in summary.items() if v is not None}}
+        if not self._fit_seen and path.exists():
+            # a test pass that did not see the fit (train=false, or the fit ran in other processes: DDP's fork
+            # and spawn launchers) adds its result to the fit's summary and changes nothing else
+            new = {"test_loss": summary["test_loss"], **({"test_error": error} if error else {})}
+            summary = {**json.loads(path.read_text()), **new}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=False) + "\n")
@@ -183,8 +190,9 @@ class RunSummary(L.Callback):
             "test_loss": self.test_loss,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": bool(guard and guard.diverged),
-            "failed": status == "failed" or diverged or final_val is None or not math.isfinite(final_val)
-            or (s["unigram_loss"] is not None and final_val >= s["unigram_loss"]),
+            "failed": None if status == "preempted" else (
+                status == "failed" or diverged or final_val is None or not math.isfinite(final_val)
+                or (s["unigram_loss"] is not None and final_val >= s["unigram_loss"])),
             "max_grad_norm": getattr(monitor, "max_grad_norm", None),
             "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),
             "spike_count": getattr(monitor, "spike_count", None),
