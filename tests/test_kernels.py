@@ -401,6 +401,17 @@ def test_minillm_imports_without_triton():
 
 
 @kernel
+def test_interpreter_set_after_triton_was_imported(monkeypatch):
+    """TRITON_INTERPRET=1 set after `import triton` leaves Triton's own helpers (tl.sum's) compiled for the
+    GPU: a clear error, not an obscure one inside the first kernel."""
+    if not K._interpreting():
+        pytest.skip("the interpreter's check (on a GPU require_fused() returns before it)")
+    monkeypatch.setattr(K, "_TRITON_INTERPRETED", False)
+    with pytest.raises(RuntimeError, match="before anything imports triton"):
+        K.require_fused()
+
+
+@kernel
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     monkeypatch.setattr(K, "_INTERPRETED", False)
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
@@ -484,12 +495,63 @@ def test_compile_fullgraph_inductor():
 
 @pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
-    """experiments/kernel_bench/bench.py --smoke runs end to end on the CPU and writes its reports."""
-    script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_bench" / "bench.py"
+    """kernel_bench --smoke runs end to end on the CPU (kernels, tune, train) into a chosen folder; a second
+    run merges by key instead of overwriting."""
+    script = ROOT / "experiments" / "kernel_bench" / "bench.py"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    subprocess.run([sys.executable, str(script), "--smoke", "--no-compile", "--out", str(tmp_path)],
-                   check=True, timeout=600, env=env)
-    assert {p.suffix for p in tmp_path.glob("cpu-interpreter-smoke.*")} >= {".json", ".md"}
+    run = lambda *a: subprocess.run([sys.executable, str(script), "--smoke", "--no-compile", "--out", str(tmp_path),
+                                     *a], check=True, timeout=900, env=env)  # noqa: E731
+    run()
+    run("--mode", "tune")
+    run("--mode", "kernels", "--providers", "fused", "--hidden", "32")
+    assert {p.suffix for p in tmp_path.glob("cpu-interpreter-smoke.*")} >= {".json", ".md", ".png"}
+    report = json.loads((tmp_path / "cpu-interpreter-smoke.json").read_text())
+    assert len(report["kernels"]) == 6 and len(report["train_step"]) == 2 and report["tune"]
+    assert all(r.get("fwd_ms") and r.get("bwd_ms") and r.get("fwdbwd_ms") for r in report["kernels"])
+    assert "| fwd matches eager" in (tmp_path / "cpu-interpreter-smoke.md").read_text()
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_report_judges_targets():
+    """report.py: merge by key, PASS/FAIL with margins on the targets, FAIL cells for errors."""
+    R = _load(ROOT / "experiments" / "kernel_bench" / "report.py")
+    row = lambda prov, fwd, fb, **kw: dict(provider=prov, M=16384, hidden=4096, fwd_ms=fwd, fwdbwd_ms=fb,  # noqa: E731
+                                          fwd_frac=kw.pop("frac", 0.5), fwd_gbps=1000.0, **kw)
+    fused = row("fused", 1.0, 2.0, frac=0.93, bwd_frac=0.7, bwd_gbps=2000.0, matches_eager=True,
+                max_abs_diff_vs_eager=0.0)
+    report = {"kernels": R.merge([row("F.rms_norm", 9.0, 9.0)], [row("F.rms_norm", 1.2, 1.9), fused], "kernels")}
+    report["kernels"].append(dict(provider="liger", M=16384, hidden=4096, fwd_error="ImportError: x"))
+    assert len(report["kernels"]) == 3
+    got = {c["target"]: c for c in R.judge(report)}
+    assert got["fwd >= 90% of copy"]["result"] == "PASS" and got["fwd >= 90% of copy"]["margin"] == "+3.0 pts"
+    assert got["bwd alone >= 80% of copy"]["result"] == "FAIL"
+    assert got["fwd >= F.rms_norm"]["result"] == "PASS" and got["fwd >= F.rms_norm"]["margin"] == "+20.0%"
+    assert got["fwd+bwd >= F.rms_norm"]["result"] == "FAIL"
+    assert got["fwd >= torch.compile"]["result"] == "n/a" and got["fwd >= liger"]["result"] == "n/a"
+    report["targets"] = R.judge(report)
+    assert "FAIL: ImportError: x" in R.markdown(report)
+
+
+def test_benchmarks_import_without_hydra_datasets_wandb():
+    """The GPU image has no hydra, omegaconf, datasets or wandb: the benchmark scripts import without them."""
+    code = ("import sys, importlib.util\n"
+            "for m in ('datasets', 'hydra', 'omegaconf', 'wandb'):\n    sys.modules[m] = None\n"
+            "for path in sys.argv[1:]:\n"
+            "    spec = importlib.util.spec_from_file_location(path.replace('/', '_')[:-3], path)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "assert not [m for m in ('datasets', 'hydra', 'omegaconf', 'wandb') if sys.modules.get(m)]\n")
+    scripts = ["experiments/kernel_bench/bench.py", "experiments/kernel_bench/report.py",
+               "experiments/throughput/bench.py"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code, *scripts], cwd=ROOT, env=env, timeout=300,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -497,7 +559,8 @@ def test_benchmark_smoke(tmp_path):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(4, 1024, 4096), (8192, 1000), (16, 20000)], ids=["4k", "odd", "looped"])
+@pytest.mark.parametrize("shape", [(4, 1024, 4096), (8192, 1000), (2048, 8192), (512, 16384), (16, 20000)],
+                         ids=["4k", "odd", "8k-pipelined", "16k-two-kernel", "looped"])
 @pytest.mark.parametrize("cast", K.CASTS)
 def test_gpu_bf16_large(shape, cast):
     torch.manual_seed(15)
@@ -516,6 +579,22 @@ def test_gpu_opcheck_and_inductor():
     for dynamic in (False, True):
         torch._dynamo.reset()
         _compiled_matches_eager("inductor", dynamic=dynamic)
+
+
+@gpu
+@pytest.mark.parametrize("n", [1024, 2048, 4096, 8192])
+def test_gpu_one_pass_backward_has_no_spills_as_launched(n):
+    """The one-pass backward as really launched on this GPU and Triton: registers fit bwd_config's programs per
+    SM, no spills (the offline sm_90 check uses the CPU machine's Triton, this one the GPU's)."""
+    x = _randn(4096, n, dtype=torch.bfloat16, device="cuda")
+    w = _weight(n, 0.0, dtype=torch.bfloat16, device="cuda")
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
+    config = K.bwd_config(n)
+    partial = torch.empty(config[2] * K._num_sms(x.device), n, device="cuda")
+    compiled = K._launch_bwd(torch.randn_like(x), x, w, rstd, torch.empty_like(x), partial, 0.0, True, config)
+    print(f"hidden {n}: {compiled.n_regs} registers, {compiled.n_spills} spills, config {config}")
+    assert compiled.n_spills == 0
+    assert compiled.n_regs * 32 * config[1] * config[2] <= 65536
 
 
 @gpu

@@ -248,15 +248,18 @@ if HAS_TRITON:
 # launch helpers: `launch` is _direct (eager: call the kernel) or _traced (the custom ops: wrap_triton)
 
 
-def _built_for_interpreter() -> bool:
+def _built_for_interpreter() -> tuple[bool, bool]:
+    """(our kernels were built for the interpreter, so were Triton's own jit helpers such as tl.sum's)."""
     if not HAS_TRITON:
-        return False
+        return False, False
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(_fwd_kernel, InterpretedFunction)
+    helper = getattr(tl.standard, "_sum_combine", None)
+    ours = isinstance(_fwd_kernel, InterpretedFunction)
+    return ours, ours if helper is None else isinstance(helper, InterpretedFunction)
 
 
-_INTERPRETED = _built_for_interpreter()
+_INTERPRETED, _TRITON_INTERPRETED = _built_for_interpreter()
 
 
 def _interpreting() -> bool:
@@ -484,6 +487,9 @@ def require_fused() -> None:
     if not _interpreting():
         raise RuntimeError("TRITON_INTERPRET=1 was set after minillm.kernels.rmsnorm was imported, so its "
                            "kernels were built for the GPU: set it before the first import")
+    if not _TRITON_INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton itself was imported (tl.sum and the other "
+                           "jit helpers of Triton were built for the GPU): set it before anything imports triton")
 
 
 def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, cast: str = "fp32") -> Tensor:
