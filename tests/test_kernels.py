@@ -547,7 +547,7 @@ def test_benchmarks_import_without_hydra_datasets_wandb():
             "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
             "assert not [m for m in ('datasets', 'hydra', 'omegaconf', 'wandb') if sys.modules.get(m)]\n")
     scripts = ["experiments/kernel_bench/bench.py", "experiments/kernel_bench/report.py",
-               "experiments/throughput/bench.py"]
+               "experiments/throughput/bench.py", "experiments/gpu/merge.py", "experiments/gpu/preset.py"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code, *scripts], cwd=ROOT, env=env, timeout=300,
                          capture_output=True, text=True)
