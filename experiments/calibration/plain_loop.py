@@ -29,7 +29,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minillm.data import TextDataModule, eval_starts, window_starts
 from minillm.lit_module import lr_lambda
 from minillm.model import ModelConfig, Transformer
 
@@ -75,6 +74,8 @@ _DATA: dict = {}
 def tokens(seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(train ids, val ids, vocab size) of the default Shakespeare char corpus (cached)."""
     if "train" not in _DATA:
+        from minillm.data import TextDataModule  # imported when used: minillm.data needs `datasets`
+
         dm = TextDataModule(source="shakespeare", seq_len=seq_len, batch_size=1)
         dm.prepare_data()
         _DATA.update(
@@ -89,6 +90,8 @@ def gather(toks: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Te
 
 
 def train_batch(toks: np.ndarray, seed: int, step: int, batch_size: int, seq_len: int):
+    from minillm.data import window_starts
+
     idx = np.arange(step * batch_size, (step + 1) * batch_size)
     return gather(toks, window_starts(seed, idx, len(toks) - seq_len), seq_len)
 
@@ -125,6 +128,8 @@ def evaluate(
     train_mode: bool = False,
 ) -> float:
     """Mean next-token loss over the eval windows (eval mode unless train_mode: batch statistics)."""
+    from minillm.data import eval_starts
+
     was = model.training
     model.train(train_mode)
     starts = eval_starts(len(val), seq_len, val_windows)

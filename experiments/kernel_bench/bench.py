@@ -1,25 +1,22 @@
-"""Fused RMSNorm benchmark (issue 4): kernel bandwidth against the baselines, and train-step time.
+"""Fused RMSNorm benchmark: kernel bandwidth against the baselines, backward tunables, train-step time.
 
-    python experiments/kernel_bench/bench.py          # CUDA GPU: writes results/<device>.{json,md,png}
-    python experiments/kernel_bench/bench.py --smoke  # CPU, TRITON_INTERPRET=1, tiny shapes: a code check
+    python experiments/kernel_bench/bench.py --out DIR                 # CUDA GPU: kernels + train step
+    python experiments/kernel_bench/bench.py --mode kernels --out DIR  # one section; reports merge by key
+    python experiments/kernel_bench/bench.py --mode tune --out DIR     # time one-pass backward tunables
+    python experiments/kernel_bench/bench.py --smoke                   # CPU, TRITON_INTERPRET=1: a code check
 
-Kernels: bf16 x and bf16 weight (an fp32 weight sends F.rms_norm down its slow unfused path), M rows x hidden,
-forward (under no_grad) and forward+backward timed separately with triton.testing.do_bench (median, L2 flushed
-between runs). Byte model, the same for every provider (es = 2 bytes for bf16, P = number of SMs):
-    forward   read x (M*N*es) + w (N*es), write y (M*N*es) + rstd (M*4)
-    backward  read x, dy (2*M*N*es) + w (N*es) + rstd (M*4), write dx (M*N*es) + fp32 dW partials (P*N*4)
-    fwd+bwd   forward + backward
-GB/s = bytes / median time; each figure is also given as a fraction of a large device-to-device copy
-measured in the same run (the practical roofline).
-
-Train step: a ~125M LLaMA-style model (dim 768, 12 layers, 12 heads, vocab 32000, T = 1024), bf16 autocast,
-AdamW, norm = rmsnorm vs fused_rmsnorm, eager and torch.compile'd; median step time over timed steps.
+Writes DIR/<device>.json, .md and .png after every shape and configuration (default DIR: a temp folder, never
+the committed results). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key
+(provider, M, hidden), (config, M, hidden) or (norm, compiled); --fresh starts over. A configuration that fails
+becomes a FAIL row and the rest goes on. Forward (no_grad), backward alone and forward+backward are timed
+separately with triton.testing.do_bench (median, L2 flushed), and forward / forward+backward once more as a
+CUDA-graph replay (no launch overhead; n/a where capture fails). Byte model and targets: report.py.
+Imports only torch, triton and minillm's model and kernels (no datasets, hydra, omegaconf or wandb).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -29,28 +26,34 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repo root, when minillm is not installed
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # report.py; the repo root when minillm is not installed
+import report as R  # noqa: E402
 
 ROWS = (4096, 16384, 65536)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
-SMOKE_ROWS = (64,)
-SMOKE_HIDDEN = (32, 100)
+TUNE_HIDDEN = (1024, 2048, 4096, 8192, 16384)
+SMOKE_ROWS, SMOKE_HIDDEN = (64,), (32, 100)
 EPS = 1e-6
-BASELINES = ("eager", "F.rms_norm", "torch.compile", "liger")
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, if Lightning has none
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny shapes on the CPU with TRITON_INTERPRET=1 (a code check: no real numbers)")
-    p.add_argument("--mode", choices=("all", "kernels", "train"), default="all")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU with TRITON_INTERPRET=1")
+    p.add_argument("--mode", choices=("all", "kernels", "tune", "train"), default="all",
+                   help="all = kernels + train")
     p.add_argument("--rows", type=int, nargs="+", help=f"M values (default {ROWS})")
     p.add_argument("--hidden", type=int, nargs="+", help=f"hidden sizes (default {HIDDEN})")
+    p.add_argument("--providers", nargs="+", help="subset of fused eager F.rms_norm torch.compile liger")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
     p.add_argument("--train-batch", type=int, default=8, help="sequences of 1024 tokens per train step")
     p.add_argument("--train-steps", type=int, default=20, help="timed train steps (after 5 warm-up steps)")
-    p.add_argument("--out", type=Path, help="output folder (default: results/ here; temp folder if --smoke)")
-    return p.parse_args()
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "minillm_kernel_bench",
+                   help="output folder (default: %(default)s; commit a copy of what you mean to keep)")
+    p.add_argument("--fresh", action="store_true", help="ignore rows already in the output folder")
+    return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -74,8 +77,29 @@ def bench_ms(fn, smoke: bool, grad_to_none=None) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn, smoke: bool) -> float:
+    """Median milliseconds of fn captured once in a CUDA graph and replayed (warm-up on a side stream)."""
+    import torch
+
+    if smoke:
+        raise RuntimeError("no CUDA graphs on the CPU")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return bench_ms(graph.replay, smoke)
+    finally:
+        del graph
+
+
 def copy_gbps(device: str, smoke: bool) -> float:
-    """Bandwidth of a large device-to-device copy (read + write), the roofline for a streaming kernel."""
+    """Bandwidth of a large device-to-device copy (read + write), the roofline of a streaming kernel."""
     import torch
 
     n = 2**16 if smoke else 2**29  # 1 GiB of bf16 per buffer: far beyond L2
@@ -85,12 +109,17 @@ def copy_gbps(device: str, smoke: bool) -> float:
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
-def fwd_bytes(m: int, n: int, es: int) -> int:
+def fwd_bytes(m: int, n: int, es: int = 2) -> int:
     return 2 * m * n * es + n * es + 4 * m
 
 
-def bwd_bytes(m: int, n: int, es: int, programs: int) -> int:
-    return 3 * m * n * es + n * es + 4 * m + 4 * programs * n
+def bwd_bytes(m: int, n: int, es: int = 2) -> int:
+    return 3 * m * n * es + 2 * n * es + 4 * m
+
+
+def _error(e: Exception) -> str:
+    msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -105,7 +134,7 @@ def composite(x, w, eps: float):
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def make_providers(use_compile: bool) -> dict:
+def make_providers(use_compile: bool, only=None) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -131,159 +160,219 @@ def make_providers(use_compile: bool) -> dict:
             return mod
 
         providers["liger"] = liger
-    except ImportError as e:
-        print(f"liger-kernel not importable ({e}); skipping that baseline")
-    return providers
+    except Exception as e:  # not installed, or broken on this machine
+        print(f"liger-kernel not importable ({_error(e)}); skipping that baseline")
+    return {k: v for k, v in providers.items() if not only or k in only}
 
 
 def liger_status() -> str:
-    """The Liger-Kernel version benchmarked, or why it is absent (recorded in the results)."""
     try:
         from importlib.metadata import version
 
         import liger_kernel  # noqa: F401
 
         return version("liger-kernel")
-    except Exception as e:  # not installed, or broken on this machine
+    except Exception as e:
         return f"absent ({type(e).__name__})"
 
 
-def bench_kernels(device: str, smoke: bool, rows, hidden, use_compile: bool, copy: float,
-                  save=lambda rows: None) -> list[dict]:
+def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool) -> dict:
+    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd, and the two graph replays."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)  # (M, N)
+    dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)  # (M, N)
+    w = torch.nn.Parameter((1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16))  # (N,)
+    row = {"provider": name, "M": m, "hidden": n, "dtype": "bf16", "copy_gbps": copy}
+    nbytes = {"fwd": fwd_bytes(m, n), "bwd": bwd_bytes(m, n)}
+    nbytes["fwdbwd"] = nbytes["fwd"] + nbytes["bwd"]
+    try:
+        f = make(w, EPS)
+    except Exception as e:
+        return {**row, **{f"{p}_error": _error(e) for p, _ in R.PHASES + R.GRAPH_PHASES}}
+    xg = x.detach().clone().requires_grad_()
+    dyp = dy.clone()  # Liger writes dx over dy by default: keep the shared dy intact
+
+    def no_grad_fwd():
+        with torch.no_grad():
+            return f(x)
+
+    def fwdbwd():  # fresh gradients each time (also inside a graph capture: no accumulation kernel)
+        xg.grad = w.grad = None
+        f(xg).backward(dyp)
+
+    def run(phase: str, measure) -> None:
+        try:
+            ms = measure()
+            row[f"{phase}_ms"] = ms
+            gbps = nbytes[phase.removeprefix("graph_")] / (ms * 1e-3) / 1e9
+            row[f"{phase}_gbps"], row[f"{phase}_frac"] = gbps, gbps / copy
+        except Exception as e:  # an OOM, a broken baseline, a failed capture: a FAIL cell, the rest goes on
+            row[f"{phase}_error"] = _error(e)
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        finally:
+            xg.grad = w.grad = None
+
+    if name == "fused":  # gate: every output within 2 bf16 ulps of the eager composite's
+        try:
+            ref = composite(x, w, EPS).float()
+            err = (no_grad_fwd().float() - ref).abs()
+            ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref).exponent - 8)  # bf16: 8 bits
+            row["max_abs_diff_vs_eager"] = err.max().item()
+            row["matches_eager"] = bool((err <= (4 if smoke else 2) * ulp).all())  # interpreter truncates
+        except Exception as e:
+            row["fwd_error"] = _error(e)
+    run("fwd", lambda: bench_ms(no_grad_fwd, smoke))
+    out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
+    try:
+        out.append(f(xg))
+    except Exception as e:
+        row["bwd_error"] = _error(e)
+    if out:
+        run("bwd", lambda: bench_ms(lambda: out[0].backward(dyp, retain_graph=True), smoke, grad_to_none=[xg, w]))
+    out.clear()
+    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, grad_to_none=[xg, w]))
+    if graphs:
+        run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke))
+        run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke))
+    return row
+
+
+def _fmt(r: dict) -> str:
+    cells = []
+    for phase, _ in R.PHASES + R.GRAPH_PHASES:
+        if r.get(f"{phase}_ms") is not None:
+            cells.append(f"{phase} {r[f'{phase}_ms']:.4f} ms ({r[f'{phase}_frac']:.0%})")
+        elif r.get(f"{phase}_error"):
+            cells.append(f"{phase} FAIL {r[f'{phase}_error'][:60]}")
+    return f"{r['provider']:>14} M={r['M']:>6} N={r['hidden']:>6}  " + "  ".join(cells)
+
+
+def bench_kernels(args, device: str, copy: float, save) -> None:
+    import torch
+
+    rows = args.rows or (SMOKE_ROWS if args.smoke else ROWS)
+    hidden = args.hidden or (SMOKE_HIDDEN if args.smoke else HIDDEN)
+    if not args.no_compile:  # one static graph per shape and grad mode
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 4 * len(rows) * len(hidden) + 8)
+    providers = make_providers(not args.no_compile, args.providers)
+    graphs = device == "cuda" and not args.no_graphs
+    for m in rows:
+        for n in hidden:
+            for name, make in providers.items():
+                row = bench_shape(device, args.smoke, m, n, name, make, copy, graphs)
+                print(_fmt(row), flush=True)
+                save("kernels", [row])  # after every configuration: a run cut short keeps what it measured
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one-pass backward tunables
+
+
+def tune_candidates(n: int) -> list[tuple[int, int, int, int]]:
+    """(ROWS, num_warps, programs per SM, STAGES) with 8-16 elements per thread and <= 2048 threads per SM."""
+    block = 1 << (n - 1).bit_length()
+    out = []
+    for rows in (1, 2, 4, 8):
+        for warps in (4, 8, 16, 32):
+            if rows * block > max(block, 2048) or not 8 <= rows * block / (32 * warps) <= 16:
+                continue
+            out += [(rows, warps, per_sm, stages) for per_sm in (1, 2, 4) if per_sm * warps <= 64
+                    for stages in (1, 2)]
+    return out
+
+
+def bench_tune(args, device: str, copy: float, save) -> None:
+    """Backward alone (kernels + the partials' sum) for each candidate config, and for the wide-row
+    two-kernel path at hidden > MAX_ONEPASS_HIDDEN."""
     import torch
 
     from minillm.kernels import rmsnorm as K
 
-    if use_compile:  # one static graph per shape and grad mode
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, 4 * len(rows) * len(hidden) + 8)
-    providers = make_providers(use_compile)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else K.INTERPRETER_SMS
-    results = []
-    for m in rows:
-        for n in hidden:
-            results += bench_shape(device, smoke, m, n, providers, sms, copy)
-            save(results)  # after every shape: a run cut short keeps what it measured
-    return results
-
-
-def bench_shape(device: str, smoke: bool, m: int, n: int, providers: dict, sms: int,
-                copy: float) -> list[dict]:
-    """Every provider at one (M, hidden), bf16."""
-    import torch
-
-    torch.manual_seed(0)
-    dtype, es = torch.bfloat16, 2
-    x = torch.randn(m, n, device=device, dtype=dtype)  # (M, N)
-    dy = torch.randn(m, n, device=device, dtype=dtype)  # (M, N)
-    w = torch.nn.Parameter((1 + 0.1 * torch.randn(n, device=device)).to(dtype))  # (N,)
-    b_fwd = fwd_bytes(m, n, es)
-    b_all = b_fwd + bwd_bytes(m, n, es, sms)
-    rows = []
-    for name, make in providers.items():
-        row = {"provider": name, "M": m, "hidden": n, "dtype": "bf16"}
-        try:
-            f = make(w, EPS)
-            with torch.no_grad():
-                if name == "fused":  # gate: every output within 2 bf16 ulps of the eager composite's
-                    ref = composite(x, w, EPS).float()
-                    err = (f(x).float() - ref).abs()
-                    ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref).exponent - 8)  # bf16: 8 bits
-                    ulps = 4 if smoke else 2  # the CPU interpreter truncates fp32 -> bf16 casts (README)
-                    row["max_abs_diff_vs_eager"] = err.max().item()
-                    row["matches_eager"] = bool((err <= ulps * ulp).all())
-                ms = bench_ms(lambda f=f: f(x), smoke)
-            row.update(fwd_ms=ms, fwd_gbps=b_fwd / (ms * 1e-3) / 1e9)
-            xg = x.detach().clone().requires_grad_()
-            dyp = dy.clone()  # Liger writes dx over dy by default: keep the shared dy intact
-            ms = bench_ms(lambda f=f, xg=xg, dyp=dyp: f(xg).backward(dyp), smoke, grad_to_none=[xg, w])
-            row.update(fwdbwd_ms=ms, fwdbwd_gbps=b_all / (ms * 1e-3) / 1e9)
-            row["fwd_frac_copy"] = row["fwd_gbps"] / copy
-            row["fwdbwd_frac_copy"] = row["fwdbwd_gbps"] / copy
-        except Exception as e:  # an OOM or a broken baseline must not stop the sweep
-            msg = str(e).splitlines()[0][:200] if str(e) else ""
-            row["error"] = f"{type(e).__name__}: {msg}"
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        rows.append(row)
-        print(_fmt_row(row), flush=True)
-    return rows
-
-
-def _fmt_row(r: dict) -> str:
-    head = f"{r['provider']:>14} M={r['M']:>6} N={r['hidden']:>6}"
-    if "error" in r:
-        return f"{head}  error: {r['error']}"
-    return (f"{head}  fwd {r['fwd_ms']:.4f} ms {r['fwd_gbps']:8.1f} GB/s ({r['fwd_frac_copy']:.0%})"
-            f"  fwd+bwd {r['fwdbwd_ms']:.4f} ms {r['fwdbwd_gbps']:8.1f} GB/s ({r['fwdbwd_frac_copy']:.0%})")
-
-
-def check_targets(results: list[dict]) -> list[dict]:
-    """The issue's targets, judged on this run's numbers: PASS / FAIL / n/a per shape."""
-    by = {(r["provider"], r["M"], r["hidden"]): r for r in results if "error" not in r}
-    checks = []
-    for (prov, m, n), fused in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if prov != "fused":
-            continue
-        checks.append({"M": m, "hidden": n, "target": "fwd matches eager (<= 2 bf16 ulps)",
-                       "value": f"{fused['max_abs_diff_vs_eager']:.3g}", "pass": fused["matches_eager"]})
-        if m < 16384:
-            continue
-        if 2048 <= n <= 8192:
-            checks.append({"M": m, "hidden": n, "target": "fwd >= 90% of copy",
-                           "value": f"{fused['fwd_frac_copy']:.1%}", "pass": fused["fwd_frac_copy"] >= 0.9})
-            for base in ("F.rms_norm", "torch.compile"):
-                other = by.get((base, m, n))
-                checks.append({"M": m, "hidden": n, "target": f"fwd >= {base}",
-                               "value": "n/a" if other is None else
-                               f"{fused['fwd_ms']:.4f} vs {other['fwd_ms']:.4f} ms",
-                               "pass": None if other is None else fused["fwd_ms"] <= other["fwd_ms"]})
-        for base in BASELINES:
-            other = by.get((base, m, n))
-            if other is not None:
-                checks.append({"M": m, "hidden": n, "target": f"fwd+bwd >= {base}",
-                               "value": f"{fused['fwdbwd_ms']:.4f} vs {other['fwdbwd_ms']:.4f} ms",
-                               "pass": fused["fwdbwd_ms"] <= other["fwdbwd_ms"]})
-    return checks
+    m = 64 if args.smoke else args.tune_rows
+    hidden = args.hidden or ((SMOKE_HIDDEN[-1],) if args.smoke else TUNE_HIDDEN)
+    saved = K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN
+    for n in hidden:
+        torch.manual_seed(0)
+        x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+        dy, w = torch.randn_like(x), (1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16)
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+        current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
+        cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
+        cands = list(dict.fromkeys(([current] if current != "two-kernel" else []) + cands))
+        for config in ["two-kernel", *cands]:
+            row = {"config": str(config), "M": m, "hidden": n, "current": config == current, "copy_gbps": copy}
+            try:
+                if config == "two-kernel":
+                    K.MAX_ONEPASS_HIDDEN = 0
+                else:
+                    K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = ((1 << (n - 1).bit_length(), *config),), n
+                ms = bench_ms(lambda a=(dy, x, w, rstd): K._bwd(*a, 0.0, "llama", K._direct), args.smoke)
+                gbps = bwd_bytes(m, n) / (ms * 1e-3) / 1e9
+                row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
+            except Exception as e:
+                row["bwd_error"] = _error(e)
+            finally:
+                K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
+            print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%})"
+                  if "bwd_ms" in row else f"FAIL {row['bwd_error']}"), flush=True)
+            save("tune", [row])
 
 
 # ----------------------------------------------------------------------------------------------------------
 # end-to-end train step
 
 
-def bench_train(device: str, smoke: bool, use_compile: bool, batch: int, steps: int,
-                save=lambda rows: None) -> list[dict]:
+def peak_flops(device: str) -> float | None:
     import torch
 
-    if smoke:
-        kw = dict(vocab_size=256, dim=64, n_layers=2, n_heads=2, n_kv_heads=2, max_seq_len=32,
-                  placement="pre")
+    if device != "cuda":
+        return None
+    try:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        peak = get_available_flops(torch.device("cuda"), torch.bfloat16)
+        if peak:
+            return float(peak)
+    except Exception:
+        pass
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def bench_train(args, device: str, save) -> None:
+    import torch
+
+    if args.smoke:
+        kw = dict(vocab_size=256, dim=64, n_layers=2, n_heads=2, n_kv_heads=2, max_seq_len=32, placement="pre")
         batch, steps, warmup = 2, 2, 1
     else:
         kw = dict(vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, max_seq_len=1024,
                   placement="pre")
-        warmup = 5
-    out = []
+        batch, steps, warmup = args.train_batch, args.train_steps, 5
+    peak = peak_flops(device)
     for norm in ("rmsnorm", "fused_rmsnorm"):
-        for compiled in (False, True) if use_compile else (False,):
+        for compiled in (False, True) if not args.no_compile else (False,):
             try:
-                row = train_one(device, kw, norm, compiled, batch, steps, warmup)
+                row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak)
             except Exception as e:  # a compile failure must not lose the other rows
-                row = {"norm": norm, "compiled": compiled, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-            out.append(row)
-            save(out)
+                row = {"norm": norm, "compiled": compiled, "error": _error(e)}
+            save("train_step", [row])
             print(f"train {norm:>14} compiled={compiled!s:5}  " + (row.get("error") or
-                  f"{row['step_ms']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  loss {row['loss']:.3f}"),
+                  f"{row['step_ms']:8.2f} ms/step {row['tokens_per_s']:10.0f} tok/s MFU {row.get('mfu')}"),
                   flush=True)
-            if compiled:
-                torch._dynamo.reset()
+            torch._dynamo.reset()
             if device == "cuda":
                 torch.cuda.empty_cache()
-    return out
 
 
-def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, steps: int, warmup: int) -> dict:
+def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, steps: int, warmup: int,
+              peak: float | None) -> dict:
     """Median train-step time of one configuration; everything it allocates is freed on return."""
     import torch
     import torch.nn.functional as F
@@ -292,7 +381,8 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
 
     T, V = kw["max_seq_len"], kw["vocab_size"]
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(norm=norm, **kw)).to(device)
+    cfg = ModelConfig(norm=norm, **kw)
+    model = Transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device == "cuda")
     fwd = torch.compile(model) if compiled else model
     idx = torch.randint(V, (batch, T + 1), device=device)
@@ -316,94 +406,24 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
     ms = statistics.median(times)
-    return {"norm": norm, "compiled": compiled, "params_M": model.num_params() / 1e6, "batch": batch,
-            "seq_len": T, "step_ms": ms, "tokens_per_s": batch * T / (ms * 1e-3), "loss": float(loss),
+    tok_s = batch * T / (ms * 1e-3)
+    try:
+        from minillm.perf import analytic_flops_per_token  # imports lightning
+
+        flops = analytic_flops_per_token(cfg, T) * tok_s
+    except Exception:
+        flops = None
+    return {"norm": norm, "compiled": compiled, "dtype": "bf16", "params_M": model.num_params() / 1e6,
+            "batch": batch, "seq_len": T, "step_ms": ms, "tokens_per_s": tok_s, "loss": loss.item(),
+            "flops_per_s": flops, "peak_flops": peak, "mfu": flops / peak if flops and peak else None,
             "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# reports
 
 
-def write_markdown(path: Path, meta: dict, kernels: list[dict], checks: list[dict],
-                   train: list[dict]) -> None:
-    lines = [f"# Fused RMSNorm benchmark: {meta['device']}", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, liger-kernel {meta['liger']}, {meta['date']}"
-             + (" (SMOKE RUN: CPU interpreter, numbers are meaningless)" if meta["smoke"] else ""), "",
-             f"Copy roofline: {meta['copy_gbps']:.1f} GB/s (device-to-device copy, read + write).", "",
-             "Byte model: fwd = read x + w, write y + rstd; bwd = read x, dy, w, rstd, write dx + fp32 dW "
-             "partials (SMs x hidden); fwd+bwd = fwd + bwd. bf16 x and weight. Median of do_bench "
-             "(of 3 wall-clock runs with --smoke).", ""]
-    if kernels:
-        lines += ["| M | hidden | provider | fwd ms | fwd GB/s | fwd % copy | fwd+bwd ms | fwd+bwd GB/s | "
-                  "fwd+bwd % copy |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in kernels:
-            if "error" in r:
-                lines.append(f"| {r['M']} | {r['hidden']} | {r['provider']} | error: {r['error']} ||||||")
-            else:
-                lines.append(f"| {r['M']} | {r['hidden']} | {r['provider']} | {r['fwd_ms']:.4f} | "
-                             f"{r['fwd_gbps']:.0f} | {r['fwd_frac_copy']:.0%} | {r['fwdbwd_ms']:.4f} | "
-                             f"{r['fwdbwd_gbps']:.0f} | {r['fwdbwd_frac_copy']:.0%} |")
-    if checks:
-        n_pass = sum(c["pass"] is True for c in checks)
-        lines += ["", f"## Targets: {n_pass} / {len(checks)} pass", "",
-                  "| M | hidden | target | value | result |", "|---|---|---|---|---|"]
-        for c in checks:
-            res = "n/a" if c["pass"] is None else "PASS" if c["pass"] else "FAIL"
-            lines.append(f"| {c['M']} | {c['hidden']} | {c['target']} | {c['value']} | {res} |")
-    if train:
-        lines += ["", "## Train step (bf16 autocast, AdamW)", "",
-                  "| norm | compiled | params (M) | batch x T | ms/step | tokens/s | peak GiB |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in train:
-            if "error" in r:
-                lines.append(f"| {r['norm']} | {r['compiled']} | error: {r['error']} |||||")
-                continue
-            mem = "" if r["peak_mem_GiB"] is None else f"{r['peak_mem_GiB']:.1f}"
-            lines.append(f"| {r['norm']} | {r['compiled']} | {r['params_M']:.1f} | {r['batch']} x "
-                         f"{r['seq_len']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {mem} |")
-    path.write_text("\n".join(lines) + "\n")
-
-
-def write_plot(path: Path, meta: dict, kernels: list[dict]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
-    ok = [r for r in kernels if "error" not in r]
-    rows = sorted({r["M"] for r in ok})
-    if not rows:
-        return
-    fig, axes = plt.subplots(2, len(rows), figsize=(4.5 * len(rows), 7), squeeze=False, sharey=True)
-    for j, m in enumerate(rows):
-        for i, (key, title) in enumerate((("fwd_gbps", "forward"), ("fwdbwd_gbps", "forward + backward"))):
-            ax = axes[i][j]
-            for prov in dict.fromkeys(r["provider"] for r in ok):
-                pts = sorted((r["hidden"], r[key]) for r in ok if r["M"] == m and r["provider"] == prov)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov)
-            ax.axhline(meta["copy_gbps"], color="k", ls="--", lw=1, label="copy")
-            ax.axhline(0.9 * meta["copy_gbps"], color="gray", ls=":", lw=1, label="90% copy")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{title}, M={m}")
-            ax.set_xlabel("hidden")
-            if j == 0:
-                ax.set_ylabel("effective GB/s (byte model)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"RMSNorm bf16 on {meta['device']}" + (" (smoke)" if meta["smoke"] else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# ----------------------------------------------------------------------------------------------------------
-
-
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> Path:
+    args = parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
@@ -416,41 +436,37 @@ def main() -> None:
         sys.exit("no CUDA GPU: run this on a GPU machine, or use --smoke to exercise the code on the CPU")
     K.require_fused()
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu-interpreter-smoke"
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
-    out = args.out or (Path(tempfile.gettempdir()) / "minillm_kernel_bench_smoke" if args.smoke
-                       else HERE / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    rows = args.rows or (SMOKE_ROWS if args.smoke else ROWS)
-    hidden = args.hidden or (SMOKE_HIDDEN if args.smoke else HIDDEN)
-    use_compile = not args.no_compile
-
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('-')}.json"
+    report = {} if args.fresh else R.load(path)
     copy = copy_gbps(device, args.smoke)
-    meta = {"device": name, "smoke": args.smoke, "torch": torch.__version__, "triton": triton.__version__,
-            "liger": liger_status(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": copy, "eps": EPS,
-            "byte_model": {"fwd": "2*M*N*es + N*es + 4*M",
-                           "bwd": "3*M*N*es + N*es + 4*M + 4*SMs*N", "fwdbwd": "fwd + bwd"}}
-    print(f"{name}: copy {copy:.1f} GB/s, liger-kernel {meta['liger']}", flush=True)
-    path = out / f"{slug}.json"
-    # --mode kernels and --mode train (two commands, each within a time limit) fill one report together
-    report = json.loads(path.read_text()) if path.exists() and args.mode != "all" else {}
-    report = {"kernels": [], "targets": [], "train_step": [], **report, "meta": meta}
+    report["meta"] = {"device": name, "smoke": args.smoke, "torch": torch.__version__, "triton": triton.__version__,
+                      "liger": liger_status(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": copy,
+                      "eps": EPS, "bwd_configs": K.BWD_CONFIGS, "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
+    print(f"{name}: copy {copy:.1f} GB/s, liger-kernel {report['meta']['liger']}; writing {path}", flush=True)
 
     def save(section: str, rows: list[dict]) -> None:
-        report[section] = rows
-        if section == "kernels":
-            report["targets"] = check_targets(rows)
-        path.write_text(json.dumps(report, indent=1, default=str))
-        write_markdown(path.with_suffix(".md"), meta, report["kernels"], report["targets"], report["train_step"])
-        if report["kernels"]:
-            write_plot(path.with_suffix(".png"), meta, report["kernels"])
+        report[section] = R.merge(report.get(section, []), rows, section)
+        R.write(path, report, plot_too=False)  # the plot once at the end (report.py draws it from the JSON too)
 
-    if args.mode != "train":
-        bench_kernels(device, args.smoke, rows, hidden, use_compile, copy, lambda r: save("kernels", r))
-    if args.mode != "kernels":
-        bench_train(device, args.smoke, use_compile, args.train_batch, args.train_steps,
-                    lambda r: save("train_step", r))
-    written = ".json, .md" + (", .png" if report["kernels"] else "")
-    print(f"wrote {path.with_suffix('')} {written}")
+    if device == "cuda" and args.mode in ("all", "kernels", "tune"):
+        try:  # registers / spills / access widths of the kernels as this machine's Triton compiles them
+            from minillm.kernels import compile_check
+
+            report["compile_check"] = compile_check.check(hidden=compile_check.ALL_HIDDEN)
+        except Exception as e:
+            report["compile_check"] = f"failed: {_error(e)}"
+    R.write(path, report)
+    if args.mode in ("all", "kernels"):
+        bench_kernels(args, device, copy, save)
+    if args.mode == "tune":
+        bench_tune(args, device, copy, save)
+    if args.mode in ("all", "train"):
+        bench_train(args, device, save)
+    R.write(path, report)
+    print("wrote " + ", ".join(str(path.with_suffix(x)) for x in (".json", ".md", ".png")
+                               if path.with_suffix(x).exists()))
+    return path
 
 
 if __name__ == "__main__":

@@ -4,10 +4,16 @@
       experiments/calibration/plain_loop.py, same model / data / optimizer, interleaved rounds
   (b) tokens/s and activation memory per norm x placement (plain loop, interleaved rounds)
   (c) GPU only (skipped without CUDA): model=gpt125m in bf16, eager vs torch.compile, rmsnorm vs
-      fused_rmsnorm, tokens/s and MFU against Lightning's peak table
+      fused_rmsnorm, tokens/s and MFU against Lightning's peak table; synthetic tokens, so it needs neither
+      Hydra nor `datasets` (a bare CUDA image with torch, triton and lightning runs it)
 
-    .venv/bin/python experiments/throughput/bench.py              # CPU: (a) + (b)
-    .venv/bin/python experiments/throughput/bench.py --gpu        # on a CUDA machine: (c) as well
+    .venv/bin/python experiments/throughput/bench.py --out DIR        # CPU: (a) + (b)
+    .venv/bin/python experiments/throughput/bench.py --gpu --out DIR  # on a CUDA machine: (c) only
+    .venv/bin/python experiments/throughput/bench.py --sections abc   # everything
+
+Results go to --out (a .json path, or a folder for throughput-<device>.json; default: a temp folder, never
+the committed results) and are rewritten after every section and every (c) configuration; a (c)
+configuration that fails becomes an error row and the others still run.
 """
 
 from __future__ import annotations
@@ -18,22 +24,28 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import lightning as L
-import numpy as np
-import torch
-import torch.nn.functional as F
+if "--smoke" in sys.argv:  # fused_rmsnorm on the CPU interpreter: must be set before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import lightning as L  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "experiments" / "calibration")]
-from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402
+from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402  (no datasets)
 
 from minillm.lit_module import lr_lambda  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
 from minillm.perf import analytic_flops_per_token  # noqa: E402
+
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense; if Lightning has none
 
 
 class _StepClock(L.Callback):
@@ -151,42 +163,68 @@ def section_b(rounds: int, steps: int, skip: int, norms: list[str], placements: 
     return out
 
 
-def section_c(steps: int = 30, skip: int = 10, batch: int = 16, seq_len: int = 1024) -> list[dict]:
-    """GPU: gpt125m-like model (dim 768, 12 layers, 12 heads, 32K vocab), bf16 autocast, AdamW."""
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    dev = torch.device("cuda")
-    peak = get_available_flops(dev, torch.bfloat16)
+def section_c(steps: int = 30, skip: int = 10, batch: int = 16, seq_len: int = 1024, save=lambda rows: None,
+              smoke: bool = False) -> list[dict]:
+    """GPU: gpt125m-like model (dim 768, 12 layers, 12 heads, 32K vocab), bf16 autocast, AdamW, random tokens.
+    smoke: a tiny model on the CPU (the code path only; fused_rmsnorm then needs TRITON_INTERPRET=1)."""
+    dev = torch.device("cpu" if smoke else "cuda")
+    peak = None if smoke else peak_flops(dev)
+    shape = dict(vocab_size=256, dim=32, n_layers=2, n_heads=2) if smoke else dict(vocab_size=32768, dim=768,
+                                                                                     n_layers=12, n_heads=12)
+    if smoke:
+        steps, skip, batch, seq_len = 3, 1, 2, 16
     out = []
     for norm in ("rmsnorm", "fused_rmsnorm"):
         for compiled in (False, True):
-            torch.manual_seed(0)
-            cfg = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, max_seq_len=seq_len, norm=norm)
-            model = Transformer(cfg).to(dev)
-            if compiled:
-                model.compile()
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-            x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=dev)
-            torch.cuda.reset_peak_memory_stats()
-            for step in range(steps):
-                if step == skip:
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = F.cross_entropy(model(x).float().flatten(0, 1), x.roll(-1, 1).flatten())
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            torch.cuda.synchronize()
-            tok_s = (steps - skip) * batch * seq_len / (time.perf_counter() - t0)
-            flops = analytic_flops_per_token(cfg, seq_len) * tok_s
-            out.append(dict(norm=norm, compiled=compiled, tokens_per_s=tok_s, flops_per_s=flops,
-                            mfu=flops / peak if peak else None, peak_flops=peak,
-                            peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30))
-            print(out[-1], flush=True)
-            del model, opt
+            row = dict(norm=norm, compiled=compiled, batch=batch, seq_len=seq_len)
+            try:
+                row.update(_train_steps(dev, ModelConfig(max_seq_len=seq_len, norm=norm, **shape), compiled,
+                                        steps, skip, batch, seq_len, peak))
+            except Exception as e:  # one failing configuration must not lose the others
+                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e) else ''}"
+            out.append(row)
+            save(out)
+            print(row, flush=True)
             torch._dynamo.reset()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     return out
+
+
+def _train_steps(dev, cfg: ModelConfig, compiled: bool, steps: int, skip: int, batch: int, seq_len: int,
+                 peak: float | None) -> dict:
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(dev)
+    if compiled:
+        model.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=dev.type == "cuda")
+    x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else lambda: None
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(steps):
+        if step == skip:
+            sync()
+            t0 = time.perf_counter()
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().flatten(0, 1), x.roll(-1, 1).flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sync()
+    tok_s = (steps - skip) * batch * seq_len / (time.perf_counter() - t0)
+    flops = analytic_flops_per_token(cfg, seq_len) * tok_s
+    return dict(tokens_per_s=tok_s, flops_per_s=flops, mfu=flops / peak if peak else None, peak_flops=peak,
+                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None)
+
+
+def peak_flops(dev: torch.device) -> float | None:
+    """bf16 dense peak of the GPU: Lightning's table, else PEAK_BF16 by name."""
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = get_available_flops(dev, torch.bfloat16)
+    name = torch.cuda.get_device_name(dev)
+    return float(peak) if peak else next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
 def machine() -> dict:
@@ -196,6 +234,15 @@ def machine() -> dict:
                 gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
 
+def out_path(out: str | None) -> Path:
+    """--out: a .json path as given, or a folder for throughput-<device>.json; default: a temp folder."""
+    if out and out.endswith(".json"):
+        return Path(out)
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    name = "throughput-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in dev) + ".json"
+    return Path(out or Path(tempfile.gettempdir()) / "minillm-throughput") / name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -203,30 +250,47 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=5, help="warmup steps not timed")
     ap.add_argument("--norms", default="layernorm,rmsnorm,batchnorm,none")
     ap.add_argument("--placements", default="pre,post")
-    ap.add_argument("--sections", default="ab", help="CPU sections to run: a, b or ab")
+    ap.add_argument("--sections", help="sections to run, letters of abc (default: ab; c alone with --gpu)")
     ap.add_argument("--gpu", action="store_true", help="run section (c) (needs CUDA)")
-    ap.add_argument("--out", default=str(HERE / "results.json"))
+    ap.add_argument("--smoke", action="store_true", help="section (c) with a tiny model on the CPU (code check)")
+    ap.add_argument("--out", help="results .json, or a folder (default: a temp folder)")
     ap.add_argument("--report", metavar="JSON", help="measure nothing: rewrite the .md of a results JSON")
     a = ap.parse_args()
     if a.report:
         Path(a.report).with_suffix(".md").write_text(markdown(json.loads(Path(a.report).read_text())))
         return
+    sections = a.sections or ("c" if a.gpu or a.smoke else "ab")
+    if a.gpu and "c" not in sections:
+        sections += "c"
     torch.set_num_threads(2)
-    tmp = Path("/tmp") / "minillm-throughput"
-    res: dict = dict(machine=machine(), args=vars(a))
-    res["a"] = section_a(a.rounds, a.steps, a.skip, tmp) if "a" in a.sections else None
-    res["b"] = (section_b(max(2, a.rounds - 1), a.steps // 2, a.skip, a.norms.split(","), a.placements.split(","))
-                if "b" in a.sections else [])
-    if a.gpu:
-        res["c"] = section_c() if torch.cuda.is_available() else "skipped: no CUDA device"
-    res["machine"]["load_avg_end"] = os.getloadavg()
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    Path(a.out).with_suffix(".md").write_text(markdown(res))
+    tmp = Path(tempfile.gettempdir()) / "minillm-throughput"
+    out = out_path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res: dict = dict(machine=machine(), args=vars(a), a=None, b=[])
+
+    def save(section: str | None = None, value=None) -> None:
+        if section:
+            res[section] = value
+        res["machine"]["load_avg_end"] = os.getloadavg()
+        out.write_text(json.dumps(res, indent=1))
+        out.with_suffix(".md").write_text(markdown(res))
+
+    if "a" in sections:
+        save("a", section_a(a.rounds, a.steps, a.skip, tmp))
+    if "b" in sections:
+        save("b", section_b(max(2, a.rounds - 1), a.steps // 2, a.skip, a.norms.split(","), a.placements.split(",")))
+    if "c" in sections:
+        if torch.cuda.is_available() or a.smoke:
+            section_c(save=lambda rows: save("c", rows), smoke=a.smoke and not torch.cuda.is_available())
+        else:
+            save("c", "skipped: no CUDA device")
+    save()
     print(markdown(res))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 def markdown(res: dict) -> str:
-    A, lines = res["a"], []
+    A, lines = res.get("a"), []
     if A:
         lines += ["| run | minillm tok/s | plain tok/s | ratio |", "|---|---|---|---|"]
         lines += [f"| round {i} | {x:.0f} | {y:.0f} | {x / y:.3f} |"
@@ -235,16 +299,20 @@ def markdown(res: dict) -> str:
                   f"{np.median(A['plain_tokens_per_s']):.0f} | {A['ratio_of_medians']:.3f} |", ""]
         q1, q2, q3 = np.percentile(A["ratios_per_round"], [25, 50, 75])
         lines += [f"Median of the per-round (paired) ratios: {q2:.3f}, quartiles {q1:.3f} / {q3:.3f}.", ""]
-    if res["b"]:
+    if res.get("b"):
         lines += ["| norm | placement | tokens/s (median) | activation memory (MiB, saved for backward) |",
                   "|---|---|---|---|"]
         lines += [f"| {r['norm']} | {r['placement']} | {r['tokens_per_s']:.0f} | {r['activation_mib']:.1f} |"
                   for r in res["b"]]
     if isinstance(res.get("c"), list):
         lines += ["", "| norm | compiled | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|"]
-        lines += [f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | "
-                  f"{r['mfu'] if r['mfu'] is None else round(r['mfu'], 3)} | {r['peak_mem_gib']:.1f} |"
-                  for r in res["c"]]
+        for r in res["c"]:
+            if "error" in r:
+                lines.append(f"| {r['norm']} | {r['compiled']} | error: {r['error']} | | |")
+                continue
+            mfu = "n/a" if r["mfu"] is None else round(r["mfu"], 3)
+            mem = "" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
+            lines.append(f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | {mfu} | {mem} |")
     return "\n".join(lines) + "\n"
 
 

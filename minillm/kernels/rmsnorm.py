@@ -10,14 +10,19 @@ offset=1.0 serves the zero-centered gain, where the stored weight is w - 1.
 Kernel layout (shared/KERNELS.md has the reasoning and the traps):
   forward   one row per program, BLOCK = next pow2 >= hidden (masked), fp32 sum of squares, rstd saved
             (fp32, one per row). Rows wider than MAX_FUSED_HIDDEN loop over LOOP_BLOCK chunks in two passes.
-  dx        one row per program, x_hat recomputed from x and rstd, written to a new tensor (never over dy).
-  dW        a persistent grid of (row groups x column tiles); each program sums dy * x_hat in fp32 over the
-            rows of its group and writes its tile of a (groups, hidden) fp32 buffer (every element is
-            written, empty groups write zeros); one fp32 sum(0), then a cast to the weight dtype.
+  backward  one pass: a persistent grid of P programs (bwd_config: programs per SM x SMs), each walking blocks
+            of ROWS rows; x and dy are read once per row, x_hat is recomputed from the saved rstd, dx is
+            written to a new tensor (never over dy) and dW += dy * x_hat accumulates in fp32 registers. Each
+            program writes its row of a (P, hidden) fp32 buffer (every row written, zeros when it had no rows);
+            one fp32 sum(0), then a cast to the weight dtype. Bytes: read x, dy (2*M*N*es), write dx (M*N*es).
+  wide rows above MAX_ONEPASS_HIDDEN (the dW accumulator no longer fits in registers): a dx kernel (one row
+            per program, looped over LOOP_BLOCK chunks when wider than MAX_FUSED_HIDDEN) and a dW kernel on a
+            grid of (row groups x column tiles); they read x and dy twice (5*M*N*es bytes instead of 3).
 Rows use 64-bit offsets, eps and offset are cast to fp32 inside the kernels, only block sizes and the cast
 mode are constexpr. The kernels are registered as ``minillm::rms_norm_fwd`` / ``minillm::rms_norm_bwd``
 (``torch.library.triton_op`` on a GPU, an opaque ``custom_op`` under the interpreter), with autograd, so
-torch.compile traces them without a graph break.
+torch.compile traces them without a graph break. Outside torch.compile, ``fused_rms_norm`` calls the same
+kernels through a plain ``torch.autograd.Function`` (no custom-op dispatch on every eager call).
 
 This is the only module of minillm that imports triton; without triton it still imports, and
 ``require_fused()`` says what is missing.
@@ -25,6 +30,7 @@ This is the only module of minillm that imports triton; without triton it still 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -42,12 +48,33 @@ except ImportError:  # minillm must import without triton; require_fused() expla
     HAS_TRITON = False
 
 CASTS = ("fp32", "llama")
-MAX_FUSED_HIDDEN = 16384  # widest row held in registers as one block; wider rows use the looped kernels
+MAX_FUSED_HIDDEN = 16384  # widest row the forward holds in registers as one block; wider rows loop
+MAX_ONEPASS_HIDDEN = 8192  # widest row of the one-pass backward (its dW accumulator lives in registers;
+#                            at 16K it spills even with 32 warps, so wider rows take the two-kernel path)
 LOOP_BLOCK = 4096  # chunk width of the looped kernels
-DW_BLOCK_ROWS = 32  # dW tile: rows per step
-DW_BLOCK_COLS = 128  # dW tile: columns per program
-DW_PROGRAMS_PER_SM = 2  # dW grid size per SM: at ~190 registers x 128 threads, 2 programs fit on an SM
+DW_BLOCK_ROWS = 32  # wide-row dW tile: rows per step
+DW_BLOCK_COLS = 128  # wide-row dW tile: columns per program
+DW_PROGRAMS_PER_SM = 4  # wide-row dW grid per SM: 72 registers x 128 threads would allow 7 (sm_90 compile)
 INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
+
+# One-pass backward tunables by row block (BLOCK = next pow2 >= hidden, up to MAX_ONEPASS_HIDDEN):
+# (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES). Each thread holds
+# ROWS * BLOCK / (32 * num_warps) = 8-16 elements of x, of dy and of the fp32 dW accumulator. Programs per SM:
+# what one SM's 64K registers hold, from the register count of an offline sm_90 compile of the kernel as it
+# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 116 / 116
+# registers from BLOCK 256 to 8192 with Triton 3.9, 103 / 115 / 96 / 64 / 114 / 114 with Triton 3.6 (the GPU
+# image's); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill or on
+# programs per SM that do not fit. STAGES > 1 prefetches the next rows into shared memory (cp.async) while the
+# current row is reduced: the wide rows have only 1-2 programs per SM to hide memory latency with.
+# Not yet timed on a GPU: experiments/kernel_bench/bench.py --tune times the alternatives.
+BWD_CONFIGS = (
+    (256, 8, 4, 4, 1),
+    (512, 4, 4, 4, 1),
+    (1024, 2, 4, 4, 1),
+    (2048, 1, 8, 4, 1),
+    (4096, 1, 8, 2, 2),
+    (8192, 1, 16, 1, 2),
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -128,9 +155,35 @@ if HAS_TRITON:
             tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _bwd_kernel(DY, X, W, RSTD, DX, PARTIAL, stride_dy, stride_x, stride_dx, M, N, offset,
+                    LLAMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
+        """One pass: program p takes row blocks p, p + P, p + 2P, ... (ROWS rows each) of a grid of P programs,
+        writes dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain, and PARTIAL[p] = sum of dy * x_hat."""
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        col_mask = cols < N
+        gain = _gain(W, cols, col_mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
+        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        for r0 in tl.range(pid * ROWS, M, tl.num_programs(0) * ROWS, num_stages=STAGES):
+            rows = (r0 + tl.arange(0, ROWS)).to(tl.int64)  # (ROWS,)
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]  # (ROWS, BLOCK)
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]  # (ROWS, 1)
+            x_hat = x * rstd
+            g = dy * gain[None, :]
+            c = tl.sum(g * x_hat, axis=1)[:, None] / N  # (ROWS, 1)
+            dx = (g - x_hat * c) * rstd
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            acc += dy * _out(x_hat, 1.0, X.dtype.element_ty, LLAMA)
+        # every program writes its row, zeros when it had no rows: the buffer can come from torch.empty
+        tl.store(PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+    @triton.jit
     def _bwd_dx_kernel(DY, X, W, RSTD, DX, stride_dy, stride_x, stride_dx, N, offset,
                        LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain; one row per program."""
+        """Wide rows: dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain; one row per program."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
@@ -171,7 +224,7 @@ if HAS_TRITON:
     @triton.jit
     def _bwd_dw_kernel(DY, X, RSTD, PARTIAL, stride_dy, stride_x, M, N, rows_per_program,
                        LLAMA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-        """Program (p, c): PARTIAL[p, tile c] = sum over rows of group p of dy * x_hat, in fp32."""
+        """Wide rows: program (p, c) writes PARTIAL[p, tile c] = sum over the rows of group p of dy * x_hat."""
         group = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)  # (BLOCK_COLS,)
         col_mask = cols < N
@@ -193,23 +246,43 @@ if HAS_TRITON:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# launch helpers
+# launch helpers: `launch` is _direct (eager: call the kernel) or _traced (the custom ops: wrap_triton)
 
 
-def _built_for_interpreter() -> bool:
+def _built_for_interpreter() -> tuple[bool, bool]:
+    """(our kernels were built for the interpreter, so were Triton's own jit helpers such as tl.sum's)."""
     if not HAS_TRITON:
-        return False
+        return False, False
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(_fwd_kernel, InterpretedFunction)
+    helper = getattr(getattr(tl, "standard", None), "_sum_combine", None)
+    ours = isinstance(_fwd_kernel, InterpretedFunction)
+    return ours, ours if helper is None else isinstance(helper, InterpretedFunction)
 
 
-_INTERPRETED = _built_for_interpreter()
+_INTERPRETED, _TRITON_INTERPRETED = _built_for_interpreter()
 
 
 def _interpreting() -> bool:
     """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import time)."""
     return _INTERPRETED
+
+
+def _direct(kernel):
+    return kernel
+
+
+def _traced(kernel):
+    from torch.library import wrap_triton
+
+    return wrap_triton(kernel)
+
+
+def _on_device_of(t: Tensor):
+    """Triton launches on the current CUDA device: make it t's for the launch when it is not."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 @functools.cache
@@ -220,7 +293,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _num_warps(block: int) -> int:
-    """~4 warps below 2K elements, 8 from 2K, 16 from 8K, 32 from 32K."""
+    """Forward: ~4 warps below 2K elements, 8 from 2K, 16 from 8K, 32 from 32K."""
     return 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
 
 
@@ -231,35 +304,48 @@ def _row_block(n: int) -> tuple[int, bool]:
     return LOOP_BLOCK, True
 
 
+def bwd_config(n: int) -> tuple[int, int, int, int]:
+    """(ROWS per iteration, num_warps, programs per SM, STAGES) of the one-pass backward for rows of n elements."""
+    block = triton.next_power_of_2(n)
+    for max_block, *config in BWD_CONFIGS:
+        if block <= max_block:
+            return tuple(config)
+    raise ValueError(f"no one-pass backward config for hidden {n} (> {BWD_CONFIGS[-1][0]})")
+
+
 def _rows(t: Tensor, n: int) -> Tensor:
     """(..., n) -> (M, n) with unit column stride: a view when strides allow, else a contiguous copy."""
     t2 = t.reshape(-1, n)  # (M, n)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _dw_grid(m: int, n: int, device: torch.device) -> tuple[int, int]:
-    """(groups, rows_per_program) of the dW grid (groups x column tiles, ~DW_PROGRAMS_PER_SM per SM)."""
+def _launch_bwd(dy2d: Tensor, x2d: Tensor, weight: Tensor, rstd: Tensor, dx2d: Tensor, partial: Tensor,
+                offset: float, llama: bool, config: tuple[int, int, int, int], launch=_direct):
+    """One-pass backward on a grid of partial.shape[0] programs: dx2d, and each program's row of partial."""
+    m, n = x2d.shape
+    rows, warps, _per_sm, stages = config
+    return launch(_bwd_kernel)[(partial.shape[0],)](
+        dy2d, x2d, weight, rstd, dx2d, partial, dy2d.stride(0), x2d.stride(0), dx2d.stride(0), m, n, offset,
+        LLAMA=llama, BLOCK=triton.next_power_of_2(n), ROWS=rows, STAGES=stages, num_warps=warps)
+
+
+def _dw_grid(m: int, n: int, sms: int) -> tuple[int, int]:
+    """Wide rows: (groups, rows_per_program) of the dW grid (groups x column tiles, ~DW_PROGRAMS_PER_SM per SM)."""
     tiles = triton.cdiv(n, DW_BLOCK_COLS)
-    target = max(1, DW_PROGRAMS_PER_SM * _num_sms(device) // tiles)
+    target = max(1, DW_PROGRAMS_PER_SM * sms // tiles)
     groups = max(1, min(target, triton.cdiv(m, DW_BLOCK_ROWS)))
     rows_per_program = triton.cdiv(triton.cdiv(m, groups), DW_BLOCK_ROWS) * DW_BLOCK_ROWS
     return triton.cdiv(m, rows_per_program), rows_per_program
 
 
 def _launch_dw(dy2d: Tensor, x2d: Tensor, rstd: Tensor, partial: Tensor, rows_per_program: int,
-               llama: bool) -> None:
-    """Fill partial (groups, N) fp32 with per-group sums of dy * x_hat (every element written)."""
-    from torch.library import wrap_triton
-
+               llama: bool, launch=_direct) -> None:
+    """Wide rows: fill partial (groups, N) fp32 with per-group sums of dy * x_hat (every element written)."""
     m, n = x2d.shape
     grid = (partial.shape[0], triton.cdiv(n, DW_BLOCK_COLS))
-    wrap_triton(_bwd_dw_kernel)[grid](dy2d, x2d, rstd, partial, dy2d.stride(0), x2d.stride(0), m, n,
-                                      rows_per_program, LLAMA=llama, BLOCK_ROWS=DW_BLOCK_ROWS,
-                                      BLOCK_COLS=DW_BLOCK_COLS, num_warps=4)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# custom ops
+    launch(_bwd_dw_kernel)[grid](dy2d, x2d, rstd, partial, dy2d.stride(0), x2d.stride(0), m, n,
+                                 rows_per_program, LLAMA=llama, BLOCK_ROWS=DW_BLOCK_ROWS,
+                                 BLOCK_COLS=DW_BLOCK_COLS, num_warps=4)
 
 
 def _fwd_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -268,10 +354,8 @@ def _fwd_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
     return y, torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)  # (...,)
 
 
-def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> tuple[Tensor, Tensor]:
+def _fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str, launch) -> tuple[Tensor, Tensor]:
     """(y, rstd) by the forward kernel; x (..., N) with any strides, weight (N,) contiguous."""
-    from torch.library import wrap_triton
-
     n = x.shape[-1]
     x2d, weight = _rows(x, n), weight.contiguous()  # (M, N), (N,)
     y, rstd = _fwd_outputs(x)
@@ -280,18 +364,14 @@ def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: st
         block, looped = _row_block(n)
         args = (x2d, weight, y, rstd, x2d.stride(0), n, n, eps, offset)
         meta = dict(LLAMA=cast == "llama", BLOCK=block, num_warps=_num_warps(block))
-        if looped:
-            wrap_triton(_fwd_loop_kernel)[(m,)](*args, **meta)
-        else:
-            wrap_triton(_fwd_kernel)[(m,)](*args, **meta)
+        with _on_device_of(x):
+            launch(_fwd_loop_kernel if looped else _fwd_kernel)[(m,)](*args, **meta)
     return y, rstd
 
 
-def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
-                  cast: str) -> tuple[Tensor, Tensor]:
+def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cast: str,
+         launch) -> tuple[Tensor, Tensor]:
     """(dx, dweight): dx like x (contiguous, never aliasing dy), dweight like weight."""
-    from torch.library import wrap_triton
-
     n = x.shape[-1]
     x2d, dy2d = _rows(x, n), _rows(dy, n)  # (M, N)
     weight, rstd = weight.contiguous(), rstd.contiguous()  # (N,), (...,)
@@ -300,17 +380,34 @@ def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: f
     if m == 0:
         return dx, torch.zeros_like(weight)
     llama = cast == "llama"
-    block, looped = _row_block(n)
-    args = (dy2d, x2d, weight, rstd, dx, dy2d.stride(0), x2d.stride(0), n, n, offset)
-    meta = dict(LLAMA=llama, BLOCK=block, num_warps=_num_warps(block))
-    if looped:
-        wrap_triton(_bwd_dx_loop_kernel)[(m,)](*args, **meta)
-    else:
-        wrap_triton(_bwd_dx_kernel)[(m,)](*args, **meta)
-    groups, rows_per_program = _dw_grid(m, n, x.device)
-    partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)  # (groups, N)
-    _launch_dw(dy2d, x2d, rstd, partial, rows_per_program, llama)
+    with _on_device_of(x):
+        if n <= MAX_ONEPASS_HIDDEN:
+            config = bwd_config(n)
+            programs = min(config[2] * _num_sms(x.device), triton.cdiv(m, config[0]))
+            partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)  # (P, N)
+            _launch_bwd(dy2d, x2d, weight, rstd, dx.view(-1, n), partial, offset, llama, config, launch)
+        else:
+            block, looped = _row_block(n)
+            args = (dy2d, x2d, weight, rstd, dx, dy2d.stride(0), x2d.stride(0), n, n, offset)
+            meta = dict(LLAMA=llama, BLOCK=block, num_warps=_num_warps(block))
+            launch(_bwd_dx_loop_kernel if looped else _bwd_dx_kernel)[(m,)](*args, **meta)
+            groups, rows_per_program = _dw_grid(m, n, _num_sms(x.device))
+            partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)  # (groups, N)
+            _launch_dw(dy2d, x2d, rstd, partial, rows_per_program, llama, launch)
     return dx, partial.sum(0).to(weight.dtype)  # (N,)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# custom ops (what torch.compile sees) and the eager autograd.Function
+
+
+def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> tuple[Tensor, Tensor]:
+    return _fwd(x, weight, eps, offset, cast, _traced)
+
+
+def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
+                  cast: str) -> tuple[Tensor, Tensor]:
+    return _bwd(dy, x, weight, rstd, offset, cast, _traced)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -350,6 +447,29 @@ if HAS_TRITON:
     _register_ops()
 
 
+class _FusedRMSNormFunction(torch.autograd.Function):
+    """Eager path: the kernels of the custom ops, called directly (no dispatcher, no wrap_triton)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> Tensor:
+        y, rstd = _fwd(x, weight, eps, offset, cast, _direct)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset, ctx.cast = offset, cast
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _bwd(dy, x, weight, rstd, ctx.offset, ctx.cast, _direct)
+        return dx, dw, None, None, None
+
+
+def _eager_ok(*tensors: Tensor) -> bool:
+    """The direct path: not inside torch.compile, and plain tensors (fake, functional or other subclasses,
+    as tracers and transforms hand over, go through the registered ops)."""
+    return not torch.compiler.is_compiling() and all(type(t) in (Tensor, torch.nn.Parameter) for t in tensors)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # public API
 
@@ -368,6 +488,9 @@ def require_fused() -> None:
     if not _interpreting():
         raise RuntimeError("TRITON_INTERPRET=1 was set after minillm.kernels.rmsnorm was imported, so its "
                            "kernels were built for the GPU: set it before the first import")
+    if not _TRITON_INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton itself was imported (tl.sum and the other "
+                           "jit helpers of Triton were built for the GPU): set it before anything imports triton")
 
 
 def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, cast: str = "fp32") -> Tensor:
@@ -386,5 +509,9 @@ def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, c
         raise ValueError(f"fused_rms_norm runs on CUDA tensors (x is on {x.device}): move the model to a "
                          "CUDA GPU, or set TRITON_INTERPRET=1 before import for the CPU interpreter "
                          "(tests only)")
-    y, _rstd = torch.ops.minillm.rms_norm_fwd(x, weight.contiguous(), float(eps), float(offset), cast)
-    return y
+    eps, offset = float(eps), float(offset)
+    if not _eager_ok(x, weight):
+        return torch.ops.minillm.rms_norm_fwd(x, weight.contiguous(), eps, offset, cast)[0]
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _FusedRMSNormFunction.apply(x, weight, eps, offset, cast)
+    return _fwd(x, weight, eps, offset, cast, _direct)[0]
