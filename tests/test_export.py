@@ -126,6 +126,12 @@ def test_llama_export_matches_minillm_in_transformers(name, ckpts, tmp_path):
     theirs = hf.generate(prompt, max_new_tokens=SEQ - 8, do_sample=False)
     assert torch.equal(ours, theirs)
 
+    cos, sin = hf.model.rotary_emb(x.float(), torch.arange(SEQ)[None])  # HF's RoPE tables (fp32 angles), (1, T, D)
+    model.rope_cos.copy_(cos[0, :, : cfg.head_dim // 2])
+    model.rope_sin.copy_(sin[0, :, : cfg.head_dim // 2])
+    with torch.no_grad():  # the rest of the difference was RoPE's rounding (measured: bit-identical logits)
+        assert (model(x) - hf(x).logits).abs().max().item() < 1e-6
+
 
 def test_exported_tokenizers_have_minillm_ids_for_every_token():
     pytest.importorskip("transformers")
