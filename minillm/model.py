@@ -342,6 +342,7 @@ class Transformer(nn.Module):
         return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
 
     @torch.no_grad()
+    @torch.compiler.set_stance("force_eager")  # a compiled model would recompile for every cache length
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
         """Continue idx (B, T) by max_new_tokens sampled tokens (greedy when temperature <= 0), in eval mode.

@@ -373,3 +373,17 @@ def test_generate_uses_eval_mode_and_restores_train_mode():
     assert m.training and all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())  # stats untouched
     with pytest.raises(RuntimeError, match="call model.eval"):
         m(tokens(B=1, T=3), m.new_cache())
+
+
+def test_a_compiled_model_generates_eagerly_without_recompiling_per_cache_length():
+    torch.manual_seed(0)
+    m = Transformer(tiny()).eval()
+    expected = m.generate(tokens(B=1, T=4), 14, temperature=0)
+    m.compile(backend="eager")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    assert torch.equal(m.generate(tokens(B=1, T=4), 14, temperature=0), expected)
+    assert counters["stats"]["unique_graphs"] == 0
+    m(tokens(B=1, T=4))  # outside generate the model is still compiled
+    assert counters["stats"]["unique_graphs"] == 1
