@@ -134,6 +134,50 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
 
+class KVCache:
+    """One layer's keys and values for generation: (B, Hkv, max_len, D) buffers, the first ``length`` filled."""
+
+    def __init__(self, max_len: int):
+        self.max_len, self.length = max_len, 0
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append k, v (B, Hkv, T, D) at positions length..length+T-1; return all of them (B, Hkv, length+T, D)."""
+        if self.k is None:
+            shape = (*k.shape[:2], self.max_len, k.shape[3])
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, {end} asked")
+        self.k[:, :, self.length:end], self.v[:, :, self.length:end] = k, v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def at_positions(norm: nn.Module | None, start: int):
+    """norm for an input whose first position is ``start``: norms with per-position statistics (BatchNorm,
+    PowerNorm) index their rows from 0, so the input is left-padded with ``start`` zero positions (eval mode)."""
+    if norm is None or start == 0 or not getattr(norm, "uses_positions", False):
+        return norm
+
+    def shifted(x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C)
+        pad = x.new_zeros(x.shape[0], start, x.shape[2])
+        return norm(torch.cat((pad, x), dim=1))[:, start:]
+    return shifted
+
+
+def sample_next(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """Next token ids (B, 1) from fp32 logits (B, V): argmax when temperature <= 0, else top-k sampling."""
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)  # (B, 1)
+
+
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads, optional QK-norm and RoPE."""
 
@@ -155,11 +199,17 @@ class Attention(nn.Module):
         k = self.k_norm(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim))  # (B, T, Hkv, D)
         return apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
         B, T, C = x.shape
         q, k = self.qk(x, cos, sin)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        start, mask = 0, None
+        if cache is not None:  # queries at positions start..start+T-1 see every key up to their own position
+            start = cache.length
+            k, v = cache.update(k, v)  # (B, Hkv, start + T, D)
+            if start and T > 1:
+                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)  # (T, S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0,
                                            enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
@@ -203,10 +253,12 @@ class Block(nn.Module):
         self.attn_out_norm = make_norm(cfg, norm) if peri else None
         self.ffn_out_norm = make_norm(cfg, norm) if peri else None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        sublayers = ((lambda h: self.attn(h, cos, sin), self.attn_norm, self.attn_out_norm),
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
+        start = cache.length if cache is not None else 0  # absolute position of x[:, 0]
+        sublayers = ((lambda h: self.attn(h, cos, sin, cache=cache), self.attn_norm, self.attn_out_norm),
                      (self.ffn, self.ffn_norm, self.ffn_out_norm))
         for f, norm, out_norm in sublayers:
+            norm, out_norm = at_positions(norm, start), at_positions(out_norm, start)
             if self.placement == "pre":
                 x = x + f(norm(x))
             elif self.placement == "post":
@@ -268,34 +320,53 @@ class Transformer(nn.Module):
                 nn.init.normal_(block.attn.wo.weight, mean=0.0, std=depth_std)
                 nn.init.normal_(block.ffn.w2.weight, mean=0.0, std=depth_std)
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """Token ids (B, T) -> logits (B, T, vocab_size)."""
+    def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
+        """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""
         B, T = idx.shape
-        if T > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        start = cache[0].length if cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        if cache is not None and self.training:
+            raise RuntimeError("a KV-cached forward is for generation: call model.eval() first")
         x = self.tok_emb(idx)  # (B, T, C)
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        for block in self.layers:
-            x = block(x, cos, sin)
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D/2)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, cache=cache[i] if cache is not None else None)
+        return self.lm_head(at_positions(self.norm, start)(x))  # (B, T, V)
+
+    def new_cache(self) -> list[KVCache]:
+        """An empty KV cache, one KVCache per layer."""
+        return [KVCache(self.cfg.max_seq_len) for _ in self.layers]
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
 
     @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """Sample continuations of idx (B, T) autoregressively (no KV cache: small models only)."""
-        for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.max_seq_len:])[:, -1, :].float()  # (B, V)
-            if temperature <= 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)  # (B, 1)
-            idx = torch.cat((idx, nxt), dim=1)
+    @torch.compiler.set_stance("force_eager")  # a compiled model would recompile for every cache length
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+        """Continue idx (B, T) by max_new_tokens sampled tokens (greedy when temperature <= 0), in eval mode.
+
+        The context is the last max_seq_len tokens (a sliding window). use_cache: the context is run once
+        and each new token attends to the cached keys/values; once the window slides every position moves, so
+        the cache is rebuilt from the cropped context at each step. use_cache=False recomputes the context
+        at every step (the reference; same tokens).
+        """
+        was_training, L = self.training, self.cfg.max_seq_len
+        self.eval()  # batch-statistics norms use their running statistics
+        try:
+            cache = None
+            for _ in range(max_new_tokens):
+                if not use_cache:
+                    logits = self(idx[:, -L:])
+                elif cache is None or cache[0].length == L:  # first step, or the window slides
+                    cache = self.new_cache()
+                    logits = self(idx[:, -L:], cache)
+                else:
+                    logits = self(idx[:, -1:], cache)  # (B, 1, V)
+                nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)  # (B, 1)
+                idx = torch.cat((idx, nxt), dim=1)
+        finally:
+            self.train(was_training)
         return idx

@@ -297,3 +297,93 @@ def test_depth_scaled_init_off_keeps_init_std_on_residual_projections():
     for w in (m.layers[0].attn.wo, m.layers[5].ffn.w2, m.layers[2].attn.wq):
         assert abs(w.weight.std().item() - 0.02) < 0.002
     assert "depth_scaled_init" in m.cfg.to_dict()
+
+
+# --- KV cache -------------------------------------------------------------------------------------------
+
+CACHE_CASES = [  # (norm, placement, qk_norm, n_kv_heads): norms with running statistics, QK-norm, GQA
+    ("rmsnorm", "pre", "none", 2),
+    ("layernorm", "post", "rmsnorm", 1),
+    ("batchnorm", "peri", "layernorm", 2),
+    ("powernorm", "mix", "none", 4),
+    ("dyt", "deepnorm", "rmsnorm", 2),
+]
+
+
+def cache_model(norm, placement, qk_norm, n_kv_heads) -> Transformer:
+    """A tiny model whose running statistics (BatchNorm, PowerNorm) are not their initial values."""
+    torch.manual_seed(0)
+    m = Transformer(tiny(norm=norm, placement=placement, qk_norm=qk_norm, n_kv_heads=n_kv_heads)).train()
+    with torch.no_grad():
+        for p in m.parameters():  # non-trivial gains and biases
+            if p.ndim == 1:
+                p.add_(0.3 * torch.randn_like(p))
+        for seed in range(3):
+            m(tokens(B=4, T=16, seed=seed))
+    return m.eval()
+
+
+@pytest.mark.parametrize("case", CACHE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_cached_logits_match_the_full_forward(case):
+    """Prefill, one-token steps and a multi-token chunk after a prefix (explicit causal mask) at their positions."""
+    m = cache_model(*case)
+    x = tokens(B=2, T=16, seed=5)
+    cache = m.new_cache()
+    chunks = [m(x[:, :5], cache), m(x[:, 5:6], cache), m(x[:, 6:7], cache), m(x[:, 7:12], cache), m(x[:, 12:], cache)]
+    assert [c.length for c in cache] == [16, 16]
+    torch.testing.assert_close(torch.cat(chunks, 1), m(x), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="sequence length 17 exceeds model.max_seq_len=16"):
+        m(x[:, :1], cache)
+
+
+@pytest.mark.parametrize("case", CACHE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_cached_generation_gives_the_uncached_tokens(case):
+    """Greedy and seeded sampling, 30 new tokens after a 5-token prompt: the 16-token window slides."""
+    m = cache_model(*case)
+    prompt = tokens(B=2, T=5, seed=7)
+    greedy = m.generate(prompt, 30, temperature=0)
+    assert torch.equal(greedy, m.generate(prompt, 30, temperature=0, use_cache=False))
+    sample = lambda use_cache: m.generate(prompt, 30, temperature=1.0, top_k=8, use_cache=use_cache,  # noqa: E731
+                                          generator=torch.Generator().manual_seed(3))
+    sampled = sample(True)
+    assert torch.equal(sampled, sample(False)) and not torch.equal(sampled, greedy)
+    assert greedy.shape == (2, 35) and torch.equal(greedy[:, :5], prompt)
+
+
+def test_generation_runs_one_token_per_step_until_the_window_slides():
+    """What the embedding sees: the prompt once, then single tokens; once 16 positions are cached the window
+    slides and every step rebuilds the cache from the last 16 tokens."""
+    m = Transformer(tiny()).eval()
+    lengths = []
+    m.tok_emb.register_forward_pre_hook(lambda mod, args: lengths.append(args[0].shape[1]))
+    m.generate(tokens(B=1, T=5), 14, temperature=0)
+    assert lengths == [5] + [1] * 11 + [16, 16]  # 14 tokens: 1 after the prompt, 11 steps, 2 slides
+    lengths.clear()
+    m.generate(tokens(B=1, T=20), 2, temperature=0)  # a prompt longer than the window: its last 16 tokens
+    assert lengths == [16, 16]
+    lengths.clear()
+    m.generate(tokens(B=1, T=5), 3, temperature=0, use_cache=False)
+    assert lengths == [5, 6, 7]
+
+
+def test_generate_uses_eval_mode_and_restores_train_mode():
+    m = cache_model("batchnorm", "pre", "none", 2).train()
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    m.generate(tokens(B=2, T=4), 6, temperature=0)
+    assert m.training and all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())  # stats untouched
+    with pytest.raises(RuntimeError, match="call model.eval"):
+        m(tokens(B=1, T=3), m.new_cache())
+
+
+def test_a_compiled_model_generates_eagerly_without_recompiling_per_cache_length():
+    torch.manual_seed(0)
+    m = Transformer(tiny()).eval()
+    expected = m.generate(tokens(B=1, T=4), 14, temperature=0)
+    m.compile(backend="eager")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    assert torch.equal(m.generate(tokens(B=1, T=4), 14, temperature=0), expected)
+    assert counters["stats"]["unique_graphs"] == 0
+    m(tokens(B=1, T=4))  # outside generate the model is still compiled
+    assert counters["stats"]["unique_graphs"] == 1
