@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from huggingface_hub import PyTorchModelHubMixin
 
+from minillm.checkpointing import INTERCHANGEABLE_NORMS, CheckpointError
 from minillm.data import Tokenizer, tokenizer_from_state
 from minillm.model import ModelConfig, Transformer
-from minillm.reliability import INTERCHANGEABLE_NORMS, CheckpointError
 
 DATAMODULE_KEY = "TextDataModule"  # Lightning stores a datamodule's state_dict() under its class name
 

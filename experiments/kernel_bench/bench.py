@@ -408,7 +408,7 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
     ms = statistics.median(times)
     tok_s = batch * T / (ms * 1e-3)
     try:
-        from minillm.perf import analytic_flops_per_token  # imports lightning
+        from minillm.callbacks.perf import analytic_flops_per_token  # imports lightning
 
         flops = analytic_flops_per_token(cfg, T) * tok_s
     except Exception:

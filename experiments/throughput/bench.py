@@ -41,9 +41,9 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "experiments" / "calibration")]
 from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402  (no datasets)
 
+from minillm.callbacks.perf import analytic_flops_per_token  # noqa: E402
 from minillm.lit_module import lr_lambda  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
-from minillm.perf import analytic_flops_per_token  # noqa: E402
 
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense; if Lightning has none
 
@@ -70,7 +70,7 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import train as train_script
+    import minillm.train as train_script
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -79,7 +79,7 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
                                           "~callbacks.progress_bar"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
-        cfg.paths.root_dir, cfg.paths.output_dir = str(ROOT), str(tmp / f"run-{time.time_ns()}")
+        cfg.paths.output_dir = str(tmp / f"run-{time.time_ns()}")
         del cfg["hydra"]
     clock = _StepClock(skip)
     real = train_script.instantiate
