@@ -21,9 +21,36 @@ def request_stop(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
-def count_logged_steps_as_of_validation_end(checkpoint: dict) -> None:
-    """A checkpoint saved after a validation at the current step resumes like one ModelCheckpoint saved at the
-    end of that validation: Lightning re-runs the rest of the step and counts it for the loggers a second time.
-    Store the logger step count as of the validation's end (Lightning 2.6 layout)."""
+def in_forked_worker(trainer: L.Trainer) -> bool:
+    """Whether this process is one of those Lightning's fork/spawn launcher started (trainer=ddp_cpu): there the
+    fit runs without Lightning's exception handling (no on_exception hooks; a SIGTERMException would end the
+    process with code 0 while the launching process waits for its results forever)."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+
+
+def interrupt(trainer: L.Trainer, exception: BaseException) -> None:
+    """What Lightning does with an exception raised during fit (every callback's on_exception, the
+    datamodule's and the strategy's, loggers finalized), for the processes where it does not (see above)."""
+    from lightning.pytorch.trainer.call import _interrupt
+
+    _interrupt(trainer, exception)
+
+
+def as_saved_at_the_end_of_the_step(checkpoint: dict) -> None:
+    """A checkpoint saved when the next step has fetched its batch but not started: record that batch as never
+    fetched, so Lightning resumes it as a checkpoint saved when the previous step ended (it resets only the
+    current epoch's counters on resume, and a total count one ahead would shift its validation schedule)."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    for counts in (progress["total"], progress["current"]):
+        counts["ready"] = counts["started"]
+
+
+def store_one_logged_step_less(checkpoint: dict) -> None:
+    """When Lightning resumes a checkpoint that was not saved at the end of a step with no validation in it, it
+    adds one to the count of steps it has logged (ModelCheckpoint saves before the step's count is made).
+    For a checkpoint whose count is complete, store one less, so the resumed run logs its steps at the same
+    indices as an uninterrupted run (Lightning 2.6 layout)."""
     state = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
     state["_batches_that_stepped"] -= 1

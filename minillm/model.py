@@ -7,6 +7,8 @@ Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
 from __future__ import annotations
 
 import math
+import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -343,7 +345,6 @@ class Transformer(nn.Module):
         return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
 
     @torch.no_grad()
-    @torch.compiler.set_stance("force_eager")  # a compiled model would recompile for every cache length
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
         """Continue idx (B, T) by max_new_tokens sampled tokens (greedy when temperature <= 0), in eval mode.
@@ -355,18 +356,22 @@ class Transformer(nn.Module):
         """
         was_training, L = self.training, self.cfg.max_seq_len
         self.eval()  # batch-statistics norms use their running statistics
+        # a compiled model would recompile for every cache length; only a process that imported the compiler
+        # (importing it costs ~2 s) can hold a compiled model
+        stance = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
         try:
-            cache = None
-            for _ in range(max_new_tokens):
-                if not use_cache:
-                    logits = self(idx[:, -L:])
-                elif cache is None or cache[0].length == L:  # first step, or the window slides
-                    cache = self.new_cache()
-                    logits = self(idx[:, -L:], cache)
-                else:
-                    logits = self(idx[:, -1:], cache)  # (B, 1, V)
-                nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)  # (B, 1)
-                idx = torch.cat((idx, nxt), dim=1)
+            with stance:
+                cache = None
+                for _ in range(max_new_tokens):
+                    if not use_cache:
+                        logits = self(idx[:, -L:])
+                    elif cache is None or cache[0].length == L:  # first step, or the window slides
+                        cache = self.new_cache()
+                        logits = self(idx[:, -L:], cache)
+                    else:
+                        logits = self(idx[:, -1:], cache)  # (B, 1, V)
+                    nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)  # (B, 1)
+                    idx = torch.cat((idx, nxt), dim=1)
         finally:
             self.train(was_training)
         return idx

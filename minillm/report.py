@@ -207,8 +207,12 @@ def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
           f"{r['best_loss']:.4f}", r["highest_stable_lr"], ", ".join(_fmt(lr) for lr in r["lr_grid"]),
           r["max_attn_logit_diverged"]] for r in data["sensitivity"]))
     plots = "\n".join(f"![{p[:-4]}]({p})" for p in PLOTS)
+    incomplete = data.get("incomplete") or []
+    left_out = (f"{len(incomplete)} run(s) stopped before their end and not resumed are left out: "
+                f"{', '.join(incomplete)}.\n\n" if incomplete else "")
     return (f"# Sweep report: {sweep_dir}\n\n{data['n_runs']} runs; seeds pooled per row. Diverged: "
             "non-finite loss or weights, loss above the ceiling, or final val loss >= ln(vocab).\n\n"
+            f"{left_out}"
             f"## Runs by norm x placement x lr\n\n{main}\n\n## LR sensitivity (Wortsman et al. 2023)\n\n"
             "mean over the LR grid of [min(final val loss, ln V) - best on the grid]; lower is more "
             "robust.\n\n"
@@ -330,12 +334,17 @@ def plot_all(runs: Sequence[Run], data: dict[str, Any], out: Path) -> list[Path]
 def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
     """Read the sweep, write report.md, report.json and the PNGs to out (default <sweep_dir>/report)."""
     sweep_dir = Path(sweep_dir)
-    runs = find_runs(sweep_dir)
-    if not runs:
+    found = find_runs(sweep_dir)
+    if not found:
         raise FileNotFoundError(f"no summary.json under {sweep_dir}")
+    runs = [r for r in found if r.get("status") != "preempted"]  # stopped by a signal and not resumed yet
+    if not runs:
+        raise FileNotFoundError(f"every run under {sweep_dir} was stopped before its end (status preempted); "
+                                "resume them with ckpt_path=auto")
     out = Path(out) if out else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     data = summarize(runs)
+    data["incomplete"] = sorted(str(r.dir) for r in found if r.get("status") == "preempted")
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     plot_all(runs, data, out)
     path = out / "report.md"

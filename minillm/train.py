@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
 import warnings
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.multiprocessing import ProcessExitedException
 
 from minillm import rundir
 from minillm.checkpointing import check_resume, find_resume_checkpoint
@@ -296,11 +298,25 @@ def train(cfg: DictConfig) -> dict[str, float]:
         logger.log_hyperparams(hparams)
 
     if cfg.get("train", True):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        fit(trainer, module, datamodule, ckpt_path)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test", False):
         metrics.update(test(cfg, trainer, module, datamodule, ckpt_path))
     return metrics
+
+
+STOP_CODES = {128 + s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}  # see PreemptionCheckpoint
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: Any, ckpt_path: str | None) -> None:
+    """trainer.fit; a run stopped by a signal in the processes of DDP's fork/spawn launcher (trainer=ddp_cpu)
+    ends this process with the same status (128 + signal) as a single process would, not a traceback."""
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except ProcessExitedException as err:
+        if err.exit_code not in STOP_CODES:
+            raise
+        raise SystemExit(err.exit_code) from None
 
 
 def test(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodule: Any,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 import re
 import signal
@@ -41,6 +42,8 @@ from minillm.model import ModelConfig
 FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",
         "scheduler.total_steps=6", "+trainer.enable_progress_bar=false",
         "+trainer.enable_checkpointing=false"]
+RESUMABLE = ["callbacks=default", "++trainer.enable_checkpointing=true", "++trainer.enable_progress_bar=true",
+             "logger=csv"]  # callbacks and logs as a user's run has them
 MARKER = "reliability-test: waiting for a signal at step"
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 CORPUS_CHARS = 8000
@@ -59,17 +62,19 @@ def full_run(tmp_path_factory, corpus) -> Path:
 
 
 class SignalAt(L.Callback):
-    """Sends `signum` to this process after a training step or during a validation (in-process preemption)."""
+    """Sends `signum` to this process after a training step or during a validation (in-process preemption);
+    under DDP only in the process of rank `rank` (the others must follow it)."""
 
-    def __init__(self, signum: int, step: int, during_validation: bool = False):
-        self.signum, self.step, self.during_validation = signum, step, during_validation
+    def __init__(self, signum: int, step: int, during_validation: bool = False, rank: int = 0):
+        self.signum, self.step, self.during_validation, self.rank = signum, step, during_validation, rank
 
     def on_train_batch_end(self, trainer, *args) -> None:
-        if not self.during_validation and trainer.global_step == self.step:
+        if not self.during_validation and trainer.global_step == self.step and trainer.global_rank == self.rank:
             os.kill(os.getpid(), self.signum)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
-        if self.during_validation and trainer.global_step == self.step and batch_idx == 0:
+        if (self.during_validation and trainer.global_step == self.step and batch_idx == 0
+                and trainer.global_rank == self.rank):
             os.kill(os.getpid(), self.signum)
 
 
@@ -160,8 +165,8 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path, corpus, s
 
 @pytest.mark.parametrize("step, during_validation, val_batches", [
     (3, True, 2),  # signal during a validation: held until it ends, then the run stops
-    (3, False, 1),  # signal in the step before a one-batch validation: stops after it
-    (3, False, 2),  # ... before a longer one: Lightning stops in the middle of the validation
+    (3, False, 1),  # signal as the step before a one-batch validation ends: stops after the validation
+    (3, False, 2),  # ... before a longer one (Lightning alone would cut it after its first batch and lose it)
 ])
 def test_preemption_around_validation_resumes_exactly(step, during_validation, val_batches, tmp_path, corpus,
                                                       full_run):
@@ -178,10 +183,85 @@ def test_preemption_around_validation_resumes_exactly(step, during_validation, v
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
     assert read_checkpoint_header(ckpt)["global_step"] == step
 
-    resumed = logged(read_rows(run(tmp_path / "resumed", corpus, f"ckpt_path={ckpt}", val)), "train/loss")
-    full = logged(read_rows(full_run), "train/loss")
+    resumed_dir = run(tmp_path / "resumed", corpus, f"ckpt_path={ckpt}", val)
+    resumed = logged(read_rows(resumed_dir), "train/loss")
+    full = logged(read_rows(full_run if val_batches == 1 else run(tmp_path / "full", corpus, val)), "train/loss")
     assert sorted(resumed) == list(range(step, 6)), resumed  # logged at the same steps, not one later
     assert all(full[s] == resumed[s] for s in resumed), (full, resumed)
+    # no validation is lost: the interrupted and the resumed segment together validated at steps 3 and 6
+    vals = {**logged(read_rows(cfg.paths.output_dir), "val/loss"), **logged(read_rows(resumed_dir), "val/loss")}
+    assert sorted(vals) == [2, 5], vals
+
+
+def test_interrupted_run_resumes_in_its_own_folder_with_ckpt_path_auto(tmp_path, corpus, full_run):
+    """SIGTERM at step 4, then the same command with ckpt_path=auto: the run continues in its folder, which
+    ends with one summary of the whole run and one metrics.csv with every step once, as the full run's."""
+    signal_at = ["+callbacks.signal._target_=test_reliability.SignalAt",
+                 f"+callbacks.signal.signum={int(signal.SIGTERM)}", "+callbacks.signal.step=4"]
+    cfg = compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE, *signal_at)
+    with pytest.raises(SystemExit):
+        train_script.train(cfg)
+    folder = Path(cfg.paths.output_dir)
+    assert json.loads((folder / "summary.json").read_text())["status"] == "preempted"
+    assert json.loads((folder / "summary.json").read_text())["failed"] is None  # not an outcome yet
+    with pytest.raises(train_script.ConfigError, match="already holds a run.*ckpt_path=auto"):
+        train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE))
+    train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE, "ckpt_path=auto"))
+    rows = read_rows(folder)
+    steps = [int(r["step"]) for r in rows if r.get("train/loss")]
+    assert steps == list(range(6)), steps  # every step once, in order: no rows of the stopped segment repeat
+    full = logged(read_rows(full_run), "train/loss")
+    assert logged(rows, "train/loss") == full
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] in ("completed", "diverged") and summary["steps"] == 6  # one run, whole
+    assert isinstance(summary["failed"], bool)
+
+
+def test_resume_refuses_changed_training_settings(tmp_path, corpus):
+    """A resumed run keeps the settings it was trained with: one error listing each one that differs."""
+    cfg = compose_cfg(tmp_path / "first", corpus, *FAST, "trainer.max_steps=3", "scheduler.total_steps=6",
+                      *RESUMABLE)
+    train_script.train(cfg)
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    changed = compose_cfg(tmp_path / "second", corpus, *FAST, f"ckpt_path={ckpt}", "optimizer.lr=1e-2",
+                          "data.batch_size=4", "seed=3")
+    with pytest.raises(train_script.ConfigError) as err:
+        train_script.train(changed)
+    message = str(err.value)
+    for diff in ("optimizer.lr: checkpoint 0.003, config 0.01", "data.batch_size: checkpoint 8, config 4",
+                 "seed: checkpoint 1337, config 3"):
+        assert diff in message, message
+    assert "\n" not in message and "trainer.max_steps" not in message  # extending a run is allowed
+
+
+def test_ckpt_path_auto_takes_the_newest_valid_checkpoint(tmp_path):
+    from minillm.checkpointing import find_resume_checkpoint
+
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    assert find_resume_checkpoint(tmp_path) is None
+    torch.save({"state_dict": {}, "global_step": 4}, ckpts / "last.ckpt")
+    torch.save({"state_dict": {}, "global_step": 7}, ckpts / "preempted.ckpt")
+    assert find_resume_checkpoint(tmp_path) == ckpts / "preempted.ckpt"
+    (ckpts / "preempted.ckpt").write_bytes((ckpts / "preempted.ckpt").read_bytes()[:50])  # a save cut short
+    assert find_resume_checkpoint(tmp_path) == ckpts / "last.ckpt"
+
+
+def test_train_false_evaluates_the_checkpoints_weights(tmp_path, corpus):
+    """train=false ckpt_path=<ckpt>: the held-out loss of those weights (the run's own test loss for the final
+    checkpoint), not of freshly initialized ones; test_weights=best evaluates best.ckpt after a fit."""
+    cfg = compose_cfg(tmp_path / "run", corpus, "trainer.max_steps=6", "trainer.val_check_interval=3",
+                      "test=true", "test_weights=best")
+    fitted = train_script.train(cfg)
+    folder = Path(cfg.paths.output_dir)
+    best = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
+                                          f"ckpt_path={folder / 'checkpoints' / 'best.ckpt'}"))
+    assert best["test/loss"] == fitted["test/loss"]  # test_weights=best evaluated best.ckpt
+    last = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
+                                          f"ckpt_path={folder / 'checkpoints' / 'last.ckpt'}"))
+    fresh = train_script.train(compose_cfg(tmp_path / "fresh", corpus, "train=false"))
+    assert last["test/loss"] < fresh["test/loss"] - 0.05  # trained weights, not the initialization
+    assert json.loads((folder / "summary.json").read_text())["test_loss"] == pytest.approx(last["test/loss"])
 
 
 def test_batchnorm_bf16_mixed_resume_is_exact(tmp_path, corpus):

@@ -145,3 +145,13 @@ def test_wandb_sweep_config_drives_train_py_with_hydra_overrides(tmp_path):
         for part in ("model.norm" if key == "norm" else key).split("."):
             node = node[part]
         assert node == value, (key, value)
+
+
+def test_a_run_stopped_by_a_signal_and_not_resumed_is_left_out_and_named(sweep):
+    """status preempted (SIGTERM, not resumed yet) is no outcome: not counted as failed, but listed."""
+    stopped = make_run(sweep, 99, "rmsnorm", "pre", 1e-3, 2, None, status="preempted", failed=None)
+    data = json.loads((write_report(sweep).parent / "report.json").read_text())
+    assert data["n_runs"] == 16 and data["incomplete"] == [str(stopped)]
+    row = next(r for r in data["rows"] if (r["norm"], r["placement"], r["lr"]) == ("rmsnorm", "pre", 1e-3))
+    assert row["runs"] == 2 and row["failed_fraction"] == 0
+    assert f"left out: {stopped}" in (sweep / "report" / "report.md").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import ROOT, compose_cfg
+from helpers import ROOT, compose_cfg, logged, read_rows
 
 from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
@@ -118,6 +119,51 @@ def test_ddp_cpu_fast_dev_run_pre_post_x_rmsnorm_batchnorm(tmp_path, corpus):
     assert out.returncode == 0, log[-3000:]
     assert log.count("Starting with 2 processes") == 4, log[-3000:]
     assert len([p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()]) == 4
+
+
+DDP_FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",
+            "scheduler.total_steps=6", "+trainer.enable_progress_bar=false", "+trainer.enable_checkpointing=false"]
+
+
+def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path, corpus):
+    """trainer=ddp_cpu with batch B = one process with batch 2B: the same windows (StreamSampler), the same
+    averaged gradient, so the same validation losses; every val window is counted once (no padding)."""
+    import minillm.train as train_script
+
+    two = compose_cfg(tmp_path / "two", corpus, *DDP_FAST, "trainer=ddp_cpu", "data.batch_size=4",
+                      "data.val_windows=7")
+    one = compose_cfg(tmp_path / "one", corpus, *DDP_FAST, "trainer=cpu", "data.batch_size=8", "data.val_windows=7")
+    for cfg in (two, one):
+        train_script.train(cfg)
+    a, b = (logged(read_rows(Path(c.paths.output_dir)), "val/loss") for c in (two, one))
+    assert sorted(a) == sorted(b) == [2, 5]
+    assert [a[s] for s in (2, 5)] == pytest.approx([b[s] for s in (2, 5)], rel=1e-5)
+    assert logged(read_rows(Path(two.paths.output_dir)), "train/tokens")[5] == 6 * 8 * 32
+
+
+@pytest.mark.parametrize("signalled, stopped", [(2, 3), (4, 5)])  # 2: the next step validates: stop after that
+def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signalled, stopped, tmp_path, corpus):
+    """Under trainer=ddp_cpu only rank 0 gets SIGTERM, after step `signalled` (its hooks for that step have run):
+    both processes stop after the same step (the next one; after its validation when it has one), save one
+    checkpoint and end with status 143; the resumed run continues the full run's curves exactly."""
+    import minillm.train as train_script
+
+    ddp = [*DDP_FAST, "trainer=ddp_cpu", "data.batch_size=4"]
+    full = compose_cfg(tmp_path / "full", corpus, *ddp)
+    train_script.train(full)
+    cfg = compose_cfg(tmp_path / "run", corpus, *ddp, "+callbacks.signal._target_=test_reliability.SignalAt",
+                      f"+callbacks.signal.signum={int(signal.SIGTERM)}", f"+callbacks.signal.step={signalled}")
+    with pytest.raises(SystemExit) as stop:
+        train_script.train(cfg)
+    assert stop.value.code == 128 + signal.SIGTERM
+    ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
+    from minillm.checkpointing import read_checkpoint_header
+
+    assert read_checkpoint_header(ckpt)["global_step"] == stopped
+    train_script.train(compose_cfg(tmp_path / "run", corpus, *ddp, "ckpt_path=auto"))
+    for key in ("train/loss", "val/loss"):
+        assert logged(read_rows(Path(cfg.paths.output_dir)), key) == logged(read_rows(Path(full.paths.output_dir)),
+                                                                             key), key
 
 
 def test_sync_batchnorm_switch_reaches_minillm_norms(tmp_path, corpus, monkeypatch):

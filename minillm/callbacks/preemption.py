@@ -46,10 +46,12 @@ class PreemptionCheckpoint(L.Callback):
         self._after_validation = False  # stop when the coming (or running) validation ends
         self._validated_at = -1
         self._saving = False
+        self._save_point = "step end"  # where on_exception saves: a hook inside the step in forked processes
+        self._stop_at_next_step = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.signum, self._trainer, self._validated_at = None, trainer, -1
-        self._requested = self._after_validation = False
+        self._requested = self._after_validation = self._stop_at_next_step = False
         if os.name != "posix" or threading.current_thread() is not threading.main_thread():
             return
         signums = [signal.SIGTERM, signal.SIGUSR2] + ([signal.SIGINT] if self.handle_sigint else [])
@@ -73,8 +75,32 @@ class PreemptionCheckpoint(L.Callback):
         if trainer.validating or _compat.validation_due(trainer):
             self._after_validation = True
         else:
-            self._requested = True
+            self._stop(trainer, after_validation=False)
+
+    def _stop(self, trainer: L.Trainer, after_validation: bool) -> None:
+        """Lightning stops when the step ends (raising SIGTERMException) and on_exception saves. A process of
+        Lightning's fork/spawn launcher handles no exception, so there the stop happens in a hook: at the end of
+        the validation, or at the start of the next step (the step that just ended then has its metrics
+        logged); the exception hooks run first (this callback saves a checkpoint of the state at that hook, as
+        ModelCheckpoint would), and the process ends with 128 + signal, which minillm.train reports."""
+        self._requested = True
+        if not _compat.in_forked_worker(trainer):
             _compat.request_stop(trainer)
+        elif after_validation:
+            self._stop_forked_worker(trainer)
+        else:
+            self._stop_at_next_step = True
+
+    def _stop_forked_worker(self, trainer: L.Trainer) -> None:
+        exception = SIGTERMException(128 + int(self.signum or signal.SIGTERM))
+        self._save_point = "next step" if self._stop_at_next_step else "validation end"
+        _compat.interrupt(trainer, exception)
+        raise exception
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._stop_at_next_step:
+            self._stop_forked_worker(trainer)
 
     def _any_process_signalled(self, trainer: L.Trainer) -> bool:
         pending = self.signum is not None
@@ -96,8 +122,8 @@ class PreemptionCheckpoint(L.Callback):
         if self._requested:
             return
         if self._after_validation or self._any_process_signalled(trainer):
-            self._after_validation, self._requested = False, True
-            _compat.request_stop(trainer)  # Lightning stops right after this validation
+            self._after_validation = False
+            self._stop(trainer, after_validation=True)
 
     def _restore(self, *signums: int) -> None:
         for signum in signums or list(self._saved_handlers):
@@ -130,5 +156,9 @@ class PreemptionCheckpoint(L.Callback):
             handler(signum, None)  # e.g. submitit: requeue the job, then exit
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        if self._saving and self._validated_at == trainer.global_step:
-            _compat.count_logged_steps_as_of_validation_end(checkpoint)
+        if not self._saving:
+            return
+        if self._save_point == "next step":
+            _compat.as_saved_at_the_end_of_the_step(checkpoint)
+        elif self._save_point == "step end" and self._validated_at == trainer.global_step:
+            _compat.store_one_logged_step_less(checkpoint)  # a step that validated: its count is complete

@@ -14,6 +14,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
+from torch.multiprocessing import ProcessExitedException
 
 from minillm.callbacks.common import find_callback, last_step
 from minillm.callbacks.divergence import DivergenceGuard
@@ -120,6 +121,8 @@ class RunSummary(L.Callback):
                      exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):  # stopped by a signal, resumable: not an outcome yet
             self.write(trainer, pl_module, "preempted")
+        elif isinstance(exception, ProcessExitedException) and not self._fit_seen:
+            pass  # DDP's fork/spawn launcher reporting a stopped process, which wrote its own summary
         else:
             self.write(trainer, pl_module, "failed", error=f"{type(exception).__name__}: {exception}")
 

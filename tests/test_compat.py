@@ -1,0 +1,100 @@
+"""minillm/_compat.py: each private API minillm relies on, checked against the installed library, so an upgrade
+that changes one fails here by name instead of turning a feature into a silent no-op."""
+
+from __future__ import annotations
+
+import signal
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from minillm import _compat
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader():
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 2)), batch_size=4)
+
+
+class Probe(L.Callback):
+    def __init__(self, stop_at: int | None = None):
+        self.due, self.validated, self.stop_at = {}, [], stop_at
+
+    def on_train_batch_end(self, trainer, *args):
+        self.due[trainer.global_step] = _compat.validation_due(trainer)
+        if trainer.global_step == self.stop_at:
+            _compat.request_stop(trainer)
+
+    def on_validation_end(self, trainer, *args):
+        if not trainer.sanity_checking:
+            self.validated.append(trainer.global_step)
+
+
+def trainer(callbacks, **kw) -> L.Trainer:
+    return L.Trainer(accelerator="cpu", max_steps=7, val_check_interval=3, check_val_every_n_epoch=None,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, num_sanity_val_steps=0, callbacks=callbacks, **kw)
+
+
+def test_validation_due_is_lightnings_own_decision():
+    probe = Probe()
+    trainer([probe]).fit(Tiny(), loader(), loader())
+    assert probe.validated == [3, 6]
+    assert [s for s, due in probe.due.items() if due] == probe.validated
+
+
+def test_request_stop_ends_fit_after_the_current_step_with_lightnings_exception():
+    probe = Probe(stop_at=2)
+    t = trainer([probe])
+    with pytest.raises(SIGTERMException):
+        t.fit(Tiny(), loader(), loader())
+    assert t.global_step == 2
+
+
+def test_interrupt_runs_every_callbacks_exception_hook():
+    seen = []
+
+    class Hook(L.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            seen.append(type(exception).__name__)
+
+    t = trainer([Hook()])
+    t.fit(Tiny(), loader(), loader())
+    _compat.interrupt(t, SIGTERMException(128 + signal.SIGTERM))
+    assert seen == ["SIGTERMException"]
+
+
+def test_checkpoint_layout_the_preemption_fixes_rely_on(tmp_path):
+    t = trainer([])
+    t.fit(Tiny(), loader(), loader())
+    t.save_checkpoint(tmp_path / "x.ckpt")
+    ckpt = torch.load(tmp_path / "x.ckpt", weights_only=False)
+    before = ckpt["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
+    _compat.store_one_logged_step_less(ckpt)
+    assert ckpt["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == before - 1
+    progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    progress["total"]["ready"] += 1
+    _compat.as_saved_at_the_end_of_the_step(ckpt)
+    assert progress["total"]["ready"] == progress["total"]["started"]
+
+
+def test_forked_worker_is_recognized_by_the_launcher():
+    assert not _compat.in_forked_worker(trainer([]))
+    t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", logger=False)
+    assert _compat.in_forked_worker(t)

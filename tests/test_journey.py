@@ -1,0 +1,318 @@
+"""The user's journey, run as the user runs it: README's commands as written, the experiment presets' sweeps,
+parallel and cluster launchers, simultaneous runs, DDP with its loggers on. Every command is a real process
+started from a fresh working directory (no hydra.sweep.dir, nothing set that a user would not set)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import runpy
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import pytest
+import wandb.sdk.launch.inputs.internal  # noqa: F401  (what wandb.init imports: ~3 s, once, not per process)
+from helpers import CONFIGS, ROOT, write_corpus
+
+import minillm.data  # noqa: F401  (with datasets: imported once here, for the forked commands)
+import minillm.train  # noqa: F401
+
+# What the README says the test appends to each `python train.py` line (README.md, "Using it").
+README_SUFFIX = ("model=tiny data.batch_size=4 data.val_windows=4 data.val_fraction=0.002 trainer.max_steps=2 "
+                 "trainer.val_check_interval=2 callbacks.text_sample.max_new_tokens=8").split()
+
+
+def readme_commands() -> list[str]:
+    """The command lines of README.md's "Using it" block, comments stripped."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using it\n\n```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    """One token cache for the module's processes (the corpus is tokenized once, by the first command)."""
+    return tmp_path_factory.mktemp("token-cache")
+
+
+class Result:
+    """What a command left: its exit code and everything it printed (stdout and stderr, in order)."""
+
+    def __init__(self, args: list[str], returncode: int, output: str):
+        self.args, self.returncode, self.output = args, returncode, output
+
+
+def _environ(cache: Path, env: dict[str, str]) -> dict[str, str]:
+    environ = {**os.environ, "MINILLM_CACHE": str(cache), "OMP_NUM_THREADS": "1", **env}
+    environ.pop("WANDB_MODE", None)  # W&B as configured: offline
+    return environ
+
+
+def start(args: list[str], cwd: Path, cache: Path, **env: str) -> tuple[int, Path]:
+    """Start `python <args>` in cwd as a new process whose stdout and stderr go to a file (not a terminal).
+
+    The process is forked from this one, which has already imported minillm and its libraries, W&B included
+    (that takes ~8 s per process); it then runs the script (train.py, or the module after -m) as __main__ with
+    its own argv, cwd and environment, exactly as the interpreter would. test_readme_commands_in_fresh_
+    interpreters (slow) runs the same commands with a new interpreter each."""
+    log = Path(tempfile.mkstemp(suffix=".log", dir=cwd)[1])
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+            sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), write_through=True)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(_environ(cache, env))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.argv = list(args)
+            if args[0] == "-m":
+                sys.argv = [args[1], *args[2:]]
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(args[0], run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid, log
+
+
+def finish(pid: int, log: Path, args: list[str]) -> Result:
+    _, status = os.waitpid(pid, 0)
+    return Result(args, os.waitstatus_to_exitcode(status), log.read_text(errors="replace"))
+
+
+def cli(args: list[str], cwd: Path, cache: Path, **env: str) -> Result:
+    """`python <args>` in cwd, run to its end (see start)."""
+    return finish(*start(args, cwd, cache, **env), args)
+
+
+def cli_all(commands: list[list[str]], cwd: Path, cache: Path, parallel: int = 2) -> list[Result]:
+    """Several commands, `parallel` at a time (separate processes), in order of their results."""
+    results: dict[int, Result] = {}
+    running: dict[int, tuple[int, Path, list[str]]] = {}
+    for i, args in enumerate(commands):
+        while len(running) >= parallel:
+            pid, status = os.wait()
+            j, log, a = running.pop(pid)
+            results[j] = Result(a, os.waitstatus_to_exitcode(status), log.read_text(errors="replace"))
+        pid, log = start(args, cwd, cache)
+        running[pid] = (i, log, args)
+    while running:
+        pid, status = os.wait()
+        j, log, a = running.pop(pid)
+        results[j] = Result(a, os.waitstatus_to_exitcode(status), log.read_text(errors="replace"))
+    return [results[i] for i in range(len(commands))]
+
+
+def ok(out: Result) -> str:
+    assert out.returncode == 0, f"{shlex.join(out.args)}\n{out.output[-4000:]}"
+    assert "Traceback" not in out.output, out.output[-4000:]
+    return out.output
+
+
+def summaries(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
+
+
+def readme_args(command: str, cwd: Path, book: Path, folder: Path) -> list[str]:
+    """A README line as the argv of the process that runs it (placeholders filled, README's suffix added)."""
+    command = command.replace("/path/book.txt", str(book)).replace("/path/dir", str(folder))
+    if "<id>" in command:
+        command = command.replace("<id>", max((cwd / "logs" / "my_sweep" / "multiruns").iterdir()).name)
+    args = shlex.split(command)[1:]
+    return [str(ROOT / "train.py"), *args[1:], *README_SUFFIX] if args[0] == "train.py" else args
+
+
+def run_readme(tmp_path: Path, cache: Path, run_all, run_one) -> tuple[Path, dict[str, str]]:
+    """Every README usage line from a fresh folder; lines that read what earlier ones wrote (the report,
+    resuming, evaluating, --help last) wait for all earlier ones, the others run two at a time."""
+    book = write_corpus(tmp_path / "book.txt", n_chars=60_000)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    write_corpus(folder / "more.txt", n_chars=30_000, seed=1)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    commands = readme_commands()
+    assert len(commands) >= 15 and all(c.startswith("python ") for c in commands), commands
+    logs: dict[str, str] = {}
+    batch: list[str] = []
+
+    def flush() -> None:
+        args = [readme_args(c, cwd, book, folder) for c in batch]
+        logs.update(zip(batch, (ok(r) for r in run_all(args, cwd, cache)), strict=True))
+        batch.clear()
+
+    for command in commands:
+        if any(s in command for s in ("<id>", "ckpt_path=", "--help")):
+            flush()
+            logs[command] = ok(run_one(readme_args(command, cwd, book, folder), cwd, cache))
+        else:
+            batch.append(command)
+    flush()
+    return cwd, logs
+
+
+def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
+    assert "placement: pre, post, peri, branch, deepnorm, mix" in logs["python train.py --help"]
+    sweep = max((cwd / "logs" / "my_sweep" / "multiruns").iterdir())
+    assert len(summaries(sweep)) == 6 and (sweep / "report" / "report.md").is_file()
+    assert len(summaries(cwd / "logs" / "par" / "multiruns")) == 4
+    first = cwd / "logs" / "my_run" / "runs" / "first"
+    (summary,) = summaries(first)  # resumed and evaluated in its own folder: still one run
+    assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None
+    assert len(list((first / ".hydra").glob("resumed-*"))) == 2  # the first command's files are kept
+    wandb_runs = list((first / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 3 and len({p.name.rsplit("-", 1)[-1] for p in wandb_runs}) == 1  # one W&B run id
+
+
+def test_readme_usage_commands_run_as_written(tmp_path, shared_cache):
+    """Each command line of README's usage block, with the documented suffix, from a fresh directory."""
+    check_readme_results(*run_readme(tmp_path, shared_cache, cli_all, cli))
+
+
+@pytest.mark.slow
+def test_readme_commands_in_fresh_interpreters(tmp_path, shared_cache):
+    """The same, each command in a new `python` process (the default suite forks them, see start)."""
+    def fresh(args: list[str], cwd: Path, cache: Path) -> Result:
+        out = subprocess.run([sys.executable, *args], cwd=cwd, env=_environ(cache, {}), capture_output=True,
+                             text=True, timeout=900)
+        return Result(args, out.returncode, out.stdout + out.stderr)
+
+    check_readme_results(*run_readme(tmp_path, shared_cache, lambda cmds, cwd, cache: [
+        fresh(a, cwd, cache) for a in cmds], fresh))
+
+
+def test_two_runs_started_at_once_get_two_complete_run_folders(tmp_path, shared_cache, corpus):
+    """The same command twice at the same moment (a SLURM array, two agents): two folders, each complete."""
+    args = [str(ROOT / "train.py"), "name=twins", "data=files", f"data.files=[{corpus}]", "logger=csv",
+            "test=false", *README_SUFFIX[:2], *README_SUFFIX[4:]]
+    logs = [ok(r) for r in cli_all([args, args], tmp_path, shared_cache)]  # both processes start at once
+    runs = sorted((tmp_path / "logs" / "twins" / "runs").iterdir())
+    assert len(runs) == 2, runs
+    for run, log in zip(runs, sorted(logs, key=lambda s: str(runs[0]) not in s), strict=True):
+        assert (run / "summary.json").is_file() and (run / "csv" / "metrics.csv").is_file()
+        own = (run / "train.log").read_text()
+        assert f"run directory {run}" in own and str(runs[0] if run == runs[1] else runs[1]) not in own
+        assert "step 2/2" in own and "step 2/2" in log  # plain progress lines, stdout not being a terminal
+        assert "`Trainer.fit` stopped" in own  # Lightning's own messages reach train.log
+
+
+def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path, shared_cache, corpus):
+    out = ok(cli([str(ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "name=jl",
+                  "data=files", f"data.files=[{corpus}]", "logger=csv", "callbacks=stability", "test=false",
+                  *README_SUFFIX[:2], *README_SUFFIX[4:6], "norm=layernorm,rmsnorm", "seed=0,1"],
+                 tmp_path, shared_cache))
+    assert "n_jobs=2" in out  # Hydra's joblib launcher reports its pool
+    jobs = summaries(tmp_path / "logs" / "jl" / "multiruns")
+    assert len(jobs) == 4 and {(s["norm"], s["seed"]) for s in jobs} == {
+        (n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
+    assert all(s["status"] in ("completed", "diverged") for s in jobs)  # 2 steps: maybe not under ln V yet
+
+
+def test_submitit_launcher_preset_runs_its_jobs_with_the_local_executor(tmp_path, shared_cache, corpus):
+    """hydra/launcher=slurm_local: the slurm preset's settings (resources from the trainer config) through
+    submitit's local executor, which runs each job as a process here, as SLURM would on a cluster."""
+    ok(cli([str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_local", "name=sub", "data=files",
+            f"data.files=[{corpus}]", "logger=csv", "callbacks=stability", "test=false", "trainer=cpu",
+            *README_SUFFIX[:2], *README_SUFFIX[4:6], "norm=layernorm,rmsnorm"], tmp_path, shared_cache))
+    (sweep,) = (tmp_path / "logs" / "sub" / "multiruns").iterdir()
+    assert len(summaries(sweep)) == 2 and any((sweep / ".submitit").rglob("*_log.out"))
+
+
+def test_ddp_cpu_run_with_default_callbacks_and_loggers(tmp_path, shared_cache, corpus):
+    """trainer=ddp_cpu for 30 steps with every default callback and logger (W&B offline + CSV), validation
+    and the held-out pass: completes, and the summary covers the run the forked processes trained."""
+    ok(cli([str(ROOT / "train.py"), "trainer=ddp_cpu", "trainer.max_steps=30", "trainer.val_check_interval=15",
+            "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4", "data.val_windows=8",
+            "callbacks.text_sample.max_new_tokens=8", "name=ddp"], tmp_path, shared_cache))
+    (run,) = (tmp_path / "logs" / "ddp" / "runs").iterdir()
+    (summary,) = summaries(run)
+    assert summary["status"] == "completed" and summary["steps"] == 30 and summary["test_loss"] is not None
+    assert summary["tokens"] == 30 * 4 * 32 * 2  # both processes' batches
+    rows = (run / "csv" / "metrics.csv").read_text()
+    assert rows.count("\n") > 10 and "test/loss" in rows.splitlines()[0]
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+
+
+# --- the experiment presets' sweeps ----------------------------------------------------------------------------
+
+
+def preset_sweeps() -> dict[str, str]:
+    """experiment preset -> the sweep command its header documents (`python train.py -m experiment=...`)."""
+    out = {}
+    for path in sorted((CONFIGS / "experiment").glob("*.yaml")):
+        found = re.search(r"#\s+(python train\.py -m experiment=\S+[^#\n]*)", path.read_text())
+        if found:
+            out[path.stem] = found.group(1).strip()
+    return out
+
+
+def sweep_axes(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(fixed overrides, the sweep's axes) of `train.py -m <overrides>`: the axes are hydra.sweeper.params and
+    the command line's sweeps, each parsed by Hydra's own override parser, as its basic sweeper does."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        params = compose("train", fixed, return_hydra_config=True).hydra.sweeper.params or {}
+    swept = [f"{k}={v}" for k, v in OmegaConf.to_container(params).items()]
+    swept += [o.input_line for o in parsed if o.is_sweep_override()]
+    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+            for o in parser.parse_overrides(swept)]
+    return fixed, axes
+
+
+def test_every_value_of_every_preset_sweep_passes_the_checks(tmp_path, corpus):
+    """Each preset's documented sweep: its first job, and each value of each axis with the first job's others,
+    compose and pass train.py's checks and build their model config, before anyone spends hours on it."""
+    from helpers import compose_cfg
+
+    from minillm.train import check_config, model_config
+
+    presets = preset_sweeps()
+    assert {"s2_warmup", "s3_lr_sensitivity", "s4_batchnorm", "s5_precision", "s7_depth"} <= set(presets)
+    for name, command in presets.items():
+        fixed, axes = sweep_axes(shlex.split(command)[3:])
+        assert len(axes) >= 1 and all(len(a) >= 2 for a in axes), (name, axes)
+        first = [axis[0] for axis in axes]
+        jobs = [first] + [first[:i] + [value] + first[i + 1:] for i, axis in enumerate(axes) for value in axis[1:]]
+        for job in jobs:
+            cfg = compose_cfg(tmp_path, corpus, *fixed, *job)
+            check_config(cfg)
+            assert model_config(cfg, 11).placement == cfg.placement, (name, job)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted(preset_sweeps()))
+def test_preset_sweep_runs_as_documented(preset, tmp_path, shared_cache, corpus):
+    """The whole documented sweep of a preset, every job, with README's suffix (minutes: slow)."""
+    command = preset_sweeps()[preset]
+    args = [str(ROOT / "train.py"), *shlex.split(command)[2:], "data=files", f"data.files=[{corpus}]",
+            *README_SUFFIX[:2], *README_SUFFIX[4:]]
+    ok(cli(args, tmp_path, shared_cache))
+    assert summaries(tmp_path / "logs")
+
