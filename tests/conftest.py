@@ -6,6 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# One CPU thread per test process, and in the processes the tests start: tiny models on a shared CPU run
+# several times faster so (no oversubscribed OpenMP pools), and the suite runs its test processes in parallel.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
 # --- fused kernels (tests/test_kernels.py) --------------------------------------------------------------
 # Without a CUDA GPU, run the Triton kernels on the CPU interpreter. This must happen before anything
 # imports minillm.kernels.rmsnorm: Triton decides interpreter vs GPU when the kernels are defined.
@@ -21,13 +26,3 @@ def corpus(tmp_path_factory, request) -> Path:
 
     n_chars = getattr(request.module, "CORPUS_CHARS", 30_000)
     return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=n_chars)
-
-
-@pytest.fixture(scope="module")
-def one_cpu_thread():
-    """Tiny models on a shared CPU run several times faster on one thread (no oversubscribed OpenMP pool).
-    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_cpu_thread")``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

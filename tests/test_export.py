@@ -18,7 +18,6 @@ from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
 from minillm.sample import main as sample_main
 
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 CORPUS_CHARS = 6_000
 SEQ = 32  # max_seq_len of the exported models
 LOGIT_ATOL = 1e-4  # minillm vs transformers, fp32 (measured ~5e-7: RoPE angles in fp64 vs HF's fp32)

@@ -21,7 +21,6 @@ from minillm.norms import NORMS, BatchNorm, DyT, LayerNorm, PowerNorm, RMSNorm, 
 from minillm.norms import norm_options as accepted_options
 
 NEW = ["dyt", "powernorm", "scalenorm"]
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 CORPUS_CHARS = 3000
 NORM_FILES = sorted(p.stem for p in (CONFIGS / "norm").glob("*.yaml"))
 V = 37

@@ -45,7 +45,6 @@ FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.va
 RESUMABLE = ["callbacks=default", "++trainer.enable_checkpointing=true", "++trainer.enable_progress_bar=true",
              "logger=csv"]  # callbacks and logs as a user's run has them
 MARKER = "reliability-test: waiting for a signal at step"
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 CORPUS_CHARS = 8000
 
 

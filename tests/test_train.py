@@ -16,7 +16,7 @@ from helpers import CONFIGS, ROOT, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 
 import minillm.train as train_script
-from minillm.config import ConfigError
+from minillm.config import ConfigError, DataError
 from minillm.lit_module import lr_lambda
 
 NORMS = ["layernorm", "rmsnorm", "batchnorm", "none"]
@@ -242,6 +242,26 @@ def test_bad_input_is_one_clear_error_before_training(override, message, tmp_pat
     with pytest.raises(ConfigError, match=message):
         train_script.train(cfg)
     assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()
+
+
+def test_a_corrupted_token_cache_is_one_error_naming_the_folder_to_delete(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus)
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    cache = Path(cfg.paths.cache_dir)
+    files = [f for f in cache.rglob("*") if f.is_file() and f.stat().st_size > 100]
+    assert files
+    for f in files:  # a disk that filled up, a copy cut short
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"token cache '.*' is unreadable .*delete that folder"):
+        train_script.train(compose_cfg(tmp_path, corpus))
+
+
+def test_a_corpus_of_one_repeated_character_is_a_data_error(tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a" * 5000)
+    with pytest.raises(DataError, match="nothing to predict"):
+        train_script.train(compose_cfg(tmp_path, one))
 
 
 def test_unknown_norm_group_is_a_hydra_error_listing_options(tmp_path, corpus):
