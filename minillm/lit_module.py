@@ -15,6 +15,7 @@ from torchmetrics import MeanMetric
 from minillm.checkpointing import check_model_config
 from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.model import ModelConfig, Transformer
+from minillm.outcome import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 
@@ -108,12 +109,12 @@ class LitLM(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch  # (B, T) each
         loss, ce = self.loss(self(x), y)
-        self.log("train/loss", ce, prog_bar=True)
+        self.log(TRAIN_LOSS, ce, prog_bar=True)
         if self.hparams.z_loss:
-            self.log("train/loss_with_z", loss)
-        self.log("train/tokens", float((self.global_step + 1) * x.numel() * self.trainer.world_size
+            self.log(TRAIN_LOSS_WITH_Z, loss)
+        self.log(TRAIN_TOKENS, float((self.global_step + 1) * x.numel() * self.trainer.world_size
                                        * self.trainer.accumulate_grad_batches))
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.log(TRAIN_LR, self.optimizers().param_groups[0]["lr"])
         return loss
 
     def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minillm.outcome import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric, loss_for_comparison
+
 GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)
 EXTRA_KEYS = ("warmup_steps", "precision", "n_layers", "dim", "n_heads", "n_kv_heads", "qk_norm",
@@ -109,11 +111,7 @@ def _sort_key(value: Any) -> tuple:
 
 def clipped_loss(run: Run, loss_init: float | None) -> float:
     """min(final val loss, loss_init); a diverged run or a missing / non-finite loss counts as loss_init."""
-    loss_init = loss_init if loss_init is not None else math.inf
-    value = run.get("final_val_loss")
-    if run.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return loss_init
-    return min(float(value), loss_init)
+    return loss_for_comparison(run.summary, loss_init)
 
 
 def lr_sensitivity(loss_by_lr: dict[float, float]) -> float:
@@ -274,12 +272,12 @@ def _residual_plot(runs: Sequence[Run], keys: Sequence[str], path: Path) -> None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for key, rs in group_runs(runs, keys).items():
         label = _label(keys, key)
-        steps, values = _mean_curve(rs, "stab/max_abs_h")
+        steps, values = _mean_curve(rs, MAX_ABS_H)
         if steps:
             ax1.plot(steps, values, label=label, lw=1.2)
         layers = sorted({int(m.split("/")[1]) for r in rs for m in r.curves if m.startswith("layer/")
                          and m.endswith("/resid_rms")})
-        last = [statistics.fmean(_finite(_last(r, f"layer/{i}/resid_rms") for r in rs) or [math.nan])
+        last = [statistics.fmean(_finite(_last(r, layer_metric(i, "resid_rms")) for r in rs) or [math.nan])
                 for i in layers]
         if layers:
             ax2.plot(layers, last, marker="o", label=label, lw=1.2)
@@ -323,8 +321,8 @@ def plot_all(runs: Sequence[Run], data: dict[str, Any], out: Path) -> list[Path]
     init = _max(r.get("loss_init") for r in runs)
     ylim = (0.95 * min(finals), 1.25 * init) if finals and init else None
     for i, (panel, other) in enumerate((("norm", "placement"), ("placement", "norm"))):
-        _curve_grid(runs, panel, [other, "lr", *extra], "train/loss", out / PLOTS[i], "train loss", ylim=ylim)
-    _curve_grid(runs, "norm", ["placement", "lr", *extra], "stab/grad_norm", out / PLOTS[2], "grad norm",
+        _curve_grid(runs, panel, [other, "lr", *extra], TRAIN_LOSS, out / PLOTS[i], "train loss", ylim=ylim)
+    _curve_grid(runs, "norm", ["placement", "lr", *extra], GRAD_NORM, out / PLOTS[2], "grad norm",
                 log_y=True)
     _residual_plot(runs, [*GROUP_KEYS, *extra], out / PLOTS[3])
     _sensitivity_plot(data, out / PLOTS[4])

@@ -12,6 +12,7 @@ from torch import nn
 
 from minillm.callbacks.common import last_step, log_metrics, train_loss
 from minillm.config import check_bool, check_int, check_number
+from minillm.outcome import DIVERGED
 
 
 def params_finite(module: nn.Module) -> bool:
@@ -111,6 +112,6 @@ class DivergenceGuard(L.Callback):
         trainer.should_stop = True
         for ckpt in trainer.checkpoint_callbacks:
             ckpt.save_top_k, ckpt.save_last = 0, False
-        log_metrics(trainer, {"stab/diverged": 1.0}, self._step)
+        log_metrics(trainer, {DIVERGED: 1.0}, self._step)
         rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping, checkpoints kept as they are")
 

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from minillm.config import check_bool, check_number
 from minillm.model import ModelConfig, Transformer
+from minillm.outcome import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TOKENS_PER_S_DEVICE
 
 
 def analytic_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -134,15 +135,15 @@ class PerfMonitor(L.Callback):
         m = tp.compute()
         metrics: dict[str, float] = {}
         if "device/items_per_sec" in m:
-            metrics["perf/tokens_per_s_device"] = m["device/items_per_sec"]
-            metrics["perf/tokens_per_s"] = m.get("items_per_sec", m["device/items_per_sec"])
+            metrics[TOKENS_PER_S_DEVICE] = m["device/items_per_sec"]
+            metrics[TOKENS_PER_S] = m.get("items_per_sec", m["device/items_per_sec"])
         if "device/flops_per_sec" in m:
-            metrics["perf/flops_per_s_device"] = m["device/flops_per_sec"]
+            metrics[FLOPS_PER_S_DEVICE] = m["device/flops_per_sec"]
             if self.available_flops:
-                metrics["perf/mfu"] = m["device/flops_per_sec"] / self.available_flops
+                metrics[MFU] = m["device/flops_per_sec"] / self.available_flops
         d_wait, d_busy = self._wait - self._wait_logged, self._busy - self._busy_logged
         if d_wait + d_busy > 0 and self._batches > 1:
-            metrics["perf/data_wait_frac"] = d_wait / (d_wait + d_busy)
+            metrics[DATA_WAIT_FRAC] = d_wait / (d_wait + d_busy)
         self._wait_logged, self._busy_logged = self._wait, self._busy
         if metrics:
             for logger in trainer.loggers:

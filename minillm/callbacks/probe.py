@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from minillm.norms import NORMS, BatchNorm, NoNorm
+from minillm.outcome import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric
 
 FP16_MAX = 65504.0
 NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)
@@ -82,32 +83,32 @@ class ActivationProbe:
     def _block_hook(self, i: int, module: nn.Module, args: tuple, out: Tensor) -> None:
         if self._in_probe:
             return
-        self.values[f"layer/{i}/resid_rms"].append(_rms(out))
-        self.values[f"layer/{i}/resid_max"].append(out.detach().abs().amax().float())
+        self.values[layer_metric(i, "resid_rms")].append(_rms(out))
+        self.values[layer_metric(i, "resid_max")].append(out.detach().abs().amax().float())
 
     @torch.no_grad()
     def _norm_hook(self, name: str, module: nn.Module, args: tuple, out: Tensor) -> None:
         if self._in_probe:
             return
         x = args[0].detach()
-        self.values[f"norm/{name}/in_rms"].append(_rms(x))
-        self.values[f"norm/{name}/in_max_fp16"].append(x.abs().amax().float() / FP16_MAX)
+        self.values[norm_metric(name, "in_rms")].append(_rms(x))
+        self.values[norm_metric(name, "in_max_fp16")].append(x.abs().amax().float() / FP16_MAX)
         if isinstance(module, BatchNorm) and module.training:
             d_mu, d_var = bn_stat_distance(module, x)
-            self.values[f"norm/{name}/bn_mean_dist"].append(d_mu)
-            self.values[f"norm/{name}/bn_var_dist"].append(d_var)
+            self.values[norm_metric(name, "bn_mean_dist")].append(d_mu)
+            self.values[norm_metric(name, "bn_var_dist")].append(d_var)
 
     @torch.no_grad()
     def _head_hook(self, module: nn.Module, args: tuple, out: Tensor) -> None:
         if self._in_probe:
             return
         log_z = torch.logsumexp(out.detach().float(), dim=-1)  # (B, T)
-        self.values["stab/log_z_mean"].append(log_z.mean())
-        self.values["stab/log_z_max"].append(log_z.amax())
+        self.values[LOG_Z_MEAN].append(log_z.mean())
+        self.values[LOG_Z_MAX].append(log_z.amax())
 
     @torch.no_grad()
     def _attn_hook(self, i: int, module: nn.Module, args: tuple) -> None:
-        key = f"layer/{i}/attn_logit_max"
+        key = layer_metric(i, "attn_logit_max")
         if self._in_probe or key in self.values:  # once per step (first micro-batch)
             return
         x, cos, sin = args  # (B, T, C), (T, D/2), (T, D/2)
@@ -126,11 +127,11 @@ class ActivationProbe:
             g = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
             if g is not None:
                 g = g.detach().float()
-                keys += [f"norm/{name}/gain_mean", f"norm/{name}/gain_std"]
+                keys += [norm_metric(name, "gain_mean"), norm_metric(name, "gain_std")]
                 agg += [g.mean(), g.std(correction=0)]
             alpha = getattr(module, "alpha", None)  # DyT's learnable input scale
             if isinstance(alpha, Tensor) and alpha.numel() == 1:
-                keys.append(f"norm/{name}/alpha")
+                keys.append(norm_metric(name, "alpha"))
                 agg.append(alpha.detach().float().reshape(()))
         self.values.clear()
         if not agg:

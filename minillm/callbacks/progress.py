@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
 from minillm.callbacks.common import train_loss
 from minillm.config import check_choice, check_number
+from minillm.outcome import TRAIN_LOSS
 
 log = logging.getLogger("minillm.progress")
 MODES = ("auto", "rich", "plain")
@@ -94,7 +95,7 @@ class LogProgress(ProgressBar):
         due = step == self._step0 + 1 or step >= trainer.max_steps or now - self._t_line >= self.interval_s
         if not (self._enabled and trainer.is_global_zero and due and step > self._step_line):
             return
-        loss = trainer.callback_metrics.get("train/loss", train_loss(outputs))
+        loss = trainer.callback_metrics.get(TRAIN_LOSS, train_loss(outputs))
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else math.nan
         rate = self._tokens / max(now - self._t_line, 1e-9)
         per_step = (now - self._t0) / max(step - self._step0, 1)

@@ -48,6 +48,20 @@ from torch.nn.utils import get_total_norm
 from minillm.callbacks.common import finite_max, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
 from minillm.config import check_bool, check_int, check_number
+from minillm.outcome import (
+    AMP_SCALE,
+    AMP_SKIPPED_STEPS,
+    GRAD_NONFINITE,
+    GRAD_NORM,
+    LOG_Z_MAX,
+    LOSS_SPIKE_SCORE,
+    LOSS_SPIKES,
+    MAX_ABS_H,
+    MAX_ATTN_LOGIT,
+    OUTPUT_CHANGE,
+    UPDATE_RATIO,
+    layer_metric,
+)
 
 
 class LossSpikeDetector:
@@ -211,21 +225,21 @@ class StabilityMonitor(L.Callback):
         params = self._params(model)
         norms = grad_norm(model, 2.0)  # {"grad_2.0_norm/<param>": tensor, "grad_2.0_norm_total": tensor}
         if "grad_2.0_norm_total" in norms:
-            self._pending["stab/grad_norm"] = norms.pop("grad_2.0_norm_total")
+            self._pending[GRAD_NORM] = norms.pop("grad_2.0_norm_total")
         per_layer: dict[int, list[Tensor]] = defaultdict(list)
         for name, layer, _ in params:
             if layer is not None and f"grad_2.0_norm/{name}" in norms:
                 per_layer[layer].append(norms[f"grad_2.0_norm/{name}"])
         for i, values in per_layer.items():
-            self._pending[f"layer/{i}/grad_norm"] = torch.stack(values).norm()
+            self._pending[layer_metric(i, "grad_norm")] = torch.stack(values).norm()
         nonfinite = 0  # counted element-wise only when the total norm, then a parameter's norm, is not finite
-        total = self._pending.get("stab/grad_norm")
+        total = self._pending.get(GRAD_NORM)
         if total is not None and not math.isfinite(float(total)):
             for name, _, p in params:
                 value = norms.get(f"grad_2.0_norm/{name}")
                 if value is not None and not math.isfinite(float(value)):
                     nonfinite += int((~p.grad.isfinite()).sum())
-        self._pending["stab/grad_nonfinite"] = torch.tensor(float(nonfinite))
+        self._pending[GRAD_NONFINITE] = torch.tensor(float(nonfinite))
         if self.update_ratio:
             self._w_before = [p.detach().clone() for _, _, p in params]
         if self._probe_x is not None:
@@ -258,11 +272,11 @@ class StabilityMonitor(L.Callback):
                              for (_, _, p), b in zip(params, self._w_before, strict=True)])  # (P,)
         weight = torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in self._w_before])
         self._w_before = None
-        out = {"stab/update_ratio": delta.norm() / weight.norm().clamp_min(1e-12)}
+        out = {UPDATE_RATIO: delta.norm() / weight.norm().clamp_min(1e-12)}
         layers = torch.tensor([-1 if layer is None else layer for _, layer, _ in params], device=delta.device)
         for i in sorted({layer for _, layer, _ in params if layer is not None}):
             sel = layers == i
-            out[f"layer/{i}/update_ratio"] = delta[sel].norm() / weight[sel].norm().clamp_min(1e-12)
+            out[layer_metric(i, "update_ratio")] = delta[sel].norm() / weight[sel].norm().clamp_min(1e-12)
         return out
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -273,24 +287,24 @@ class StabilityMonitor(L.Callback):
         if loss is not None:
             score, spike = self.spikes.update(float(loss.detach()))
             if (report or spike) and math.isfinite(score):  # no score before spike_min_history losses
-                metrics["stab/loss_spike_score"] = score
+                metrics[LOSS_SPIKE_SCORE] = score
             if report or spike:
-                metrics["stab/loss_spikes"] = float(self.spikes.count)
+                metrics[LOSS_SPIKES] = float(self.spikes.count)
         if self._stepped and self.scaler is not None:
             scale = getattr(self.scaler, "_scale", None)
             if scale is not None and self._scale_before is not None:
                 self._skipped = self._skipped + (scale < self._scale_before).long()  # backoff: inf/NaN found
             if report:
                 self.amp_scale = float(self.scaler.get_scale())
-                metrics["stab/amp_scale"] = self.amp_scale
-                metrics["stab/amp_skipped_steps"] = float(self.skipped_steps)
+                metrics[AMP_SCALE] = self.amp_scale
+                metrics[AMP_SKIPPED_STEPS] = float(self.skipped_steps)
         if report:
             tensors = dict(self._pending)
             if self._w_before is not None:
                 tensors.update(self._update_ratios(getattr(pl_module, "model", pl_module)))
             if self._logp_before is not None:
                 after = self._probe_logp(getattr(pl_module, "model", pl_module))
-                tensors["stab/output_change"] = (after - self._logp_before).pow(2).mean().sqrt()
+                tensors[OUTPUT_CHANGE] = (after - self._logp_before).pow(2).mean().sqrt()
             if tensors:
                 keys = list(tensors)
                 values = torch.stack([tensors[k].detach().float().cpu() for k in keys]).tolist()
@@ -309,13 +323,13 @@ class StabilityMonitor(L.Callback):
         resid = [v for k, v in metrics.items() if k.startswith("layer/") and k.endswith("/resid_max")]
         logits = [v for k, v in metrics.items() if k.endswith("/attn_logit_max")]
         if resid:
-            metrics["stab/max_abs_h"] = max(resid)
-            self.max_abs_h = finite_max(self.max_abs_h, metrics["stab/max_abs_h"])
+            metrics[MAX_ABS_H] = max(resid)
+            self.max_abs_h = finite_max(self.max_abs_h, metrics[MAX_ABS_H])
         if logits:
-            metrics["stab/max_attn_logit"] = max(logits)
-            self.max_attn_logit = finite_max(self.max_attn_logit, metrics["stab/max_attn_logit"])
-        if "stab/log_z_max" in metrics:
-            self.max_log_z = finite_max(self.max_log_z, metrics["stab/log_z_max"])
+            metrics[MAX_ATTN_LOGIT] = max(logits)
+            self.max_attn_logit = finite_max(self.max_attn_logit, metrics[MAX_ATTN_LOGIT])
+        if LOG_Z_MAX in metrics:
+            self.max_log_z = finite_max(self.max_log_z, metrics[LOG_Z_MAX])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.probe is not None:

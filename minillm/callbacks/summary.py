@@ -19,6 +19,7 @@ from torch.multiprocessing import ProcessExitedException
 from minillm.callbacks.common import find_callback, last_step
 from minillm.callbacks.divergence import DivergenceGuard
 from minillm.callbacks.stability import StabilityMonitor
+from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed
 
 
 class RunSummary(L.Callback):
@@ -38,9 +39,9 @@ class RunSummary(L.Callback):
     in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
     Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
     indices, as the ``step`` column of csv/metrics.csv (a validation after k steps is at index k - 1).
-    diverged and failed follow EXPERIMENTS.md: diverged = DivergenceGuard stopped the run, or the final val
-    loss is >= ln V; failed = diverged, crashed (status failed), no finite final val loss, or a final val
-    loss >= unigram_loss.
+    diverged and failed are minillm.outcome's rule (EXPERIMENTS.md): diverged = DivergenceGuard stopped the
+    run, or the final val loss is not finite or >= ln V; failed = diverged, crashed (status failed), never
+    validated, or a final val loss >= unigram_loss.
     max_grad_norm and nonfinite_grad_steps cover every step; the other StabilityMonitor maxima its measured
     steps. ``config`` (from the YAML, e.g.
     ``seed: ${seed}``) is written as given; the rest is read from the module, the trainer's optimizer and
@@ -101,7 +102,7 @@ class RunSummary(L.Callback):
             self._val_t = None
         if trainer.sanity_checking:
             return
-        value = trainer.callback_metrics.get("val/loss")
+        value = trainer.callback_metrics.get(VAL_LOSS)
         if value is not None:
             self.val_history.append((last_step(trainer), float(value)))
 
@@ -113,7 +114,7 @@ class RunSummary(L.Callback):
         self.write(trainer, pl_module, "completed")
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        value = trainer.callback_metrics.get("test/loss")
+        value = trainer.callback_metrics.get(TEST_LOSS)
         self.test_loss = float(value) if value is not None else None
         self.write(trainer, pl_module, "completed")
 
@@ -179,10 +180,11 @@ class RunSummary(L.Callback):
         best = min(finite_vals, key=lambda sv: sv[1]) if finite_vals else (None, None)
         final_val = self.val_history[-1][1] if self.val_history else None
         guard = find_callback(trainer, DivergenceGuard)
-        diverged, step, reason = (guard.diverged, guard.step, guard.reason) if guard else (False, None, None)
-        if not diverged and final_val is not None and loss_init is not None and not final_val < loss_init:
-            diverged, step = True, last_step(trainer)
-            reason = f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
+        tripped = bool(guard and guard.diverged)
+        diverged = is_diverged(tripped, final_val, loss_init)
+        step, reason = (guard.step, guard.reason) if tripped else (None, None)
+        if diverged and not tripped:
+            step, reason = last_step(trainer), f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
         monitor = find_callback(trainer, StabilityMonitor)
         train_time = self.train_time()
         s.update({
@@ -192,10 +194,8 @@ class RunSummary(L.Callback):
             "final_val_loss": final_val, "best_val_loss": best[1], "best_val_step": best[0],
             "test_loss": self.test_loss,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
-            "stopped_early": bool(guard and guard.diverged),
-            "failed": None if status == "preempted" else (
-                status == "failed" or diverged or final_val is None or not math.isfinite(final_val)
-                or (s["unigram_loss"] is not None and final_val >= s["unigram_loss"])),
+            "stopped_early": tripped,
+            "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
             "max_grad_norm": getattr(monitor, "max_grad_norm", None),
             "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),
             "spike_count": getattr(monitor, "spike_count", None),
