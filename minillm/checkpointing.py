@@ -108,7 +108,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 # --- resuming with the same model ---------------------------------------------------------------------
 
 
-_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+_FIELD_DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                   for f in dataclasses.fields(ModelConfig)
+                   if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 
 def _canonical(model: dict) -> dict:

@@ -38,6 +38,7 @@ class ModelConfig:
     mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
     layers: list[dict] | None = None  # per-layer overrides: [{"placement": "post", "norm": "layernorm"}, ...]
     qk_norm: str = "none"  # norm applied per head to queries and keys, before RoPE
+    qk_norm_options: dict = field(default_factory=dict)  # options of the QK-norm (the main norm's are its own)
     ffn_hidden: int | None = None  # None: LLaMA's 8/3 * dim rounded up to multiple_of
     multiple_of: int = 32
     rope_theta: float = 10000.0
@@ -108,18 +109,26 @@ class ModelConfig:
         return d
 
 
-def make_norm(cfg: ModelConfig, name: str, dim: int | None = None) -> nn.Module:
+def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict | None = None) -> nn.Module:
     """The one place the model builds a norm (batch-statistics norms get max_seq_len).
 
-    ``norm_options`` are for ``cfg.norm``; a different norm (QK-norm, a per-layer override) gets only the
-    options it also takes (e.g. zero_centered, eps_mode), so norm=batchnorm with qk_norm=rmsnorm works.
+    ``options`` when given (the QK-norm's ``qk_norm_options``); else ``norm_options``, which are for
+    ``cfg.norm``: a per-layer override with another norm gets only the options it also takes (e.g.
+    zero_centered, eps_mode). An option a norm does not take is an error naming the field.
     """
-    options = dict(cfg.norm_options)
-    if name != cfg.norm:
-        options = {k: v for k, v in options.items() if k in norm_options(name)}
+    field_name = "model.qk_norm_options" if options is not None else "model.norm_options"
+    if options is None:
+        options = dict(cfg.norm_options)
+        if name != cfg.norm:
+            options = {k: v for k, v in options.items() if k in norm_options(name)}
+    options = dict(options)
     if getattr(NORMS[name], "uses_positions", False):
         options.setdefault("max_seq_len", cfg.max_seq_len)
-    return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
+    try:
+        return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
+    except ConfigError as err:
+        raise ConfigError(f"{field_name} ({name}): {err}") from None
+
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -191,8 +200,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         qk = cfg.qk_norm != "none"
-        self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim) if qk else nn.Identity()
-        self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim) if qk else nn.Identity()
+        self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
+        self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
 
     def qk(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """Queries (B, H, T, D) and keys (B, Hkv, T, D) as attention sees them (also used by probes)."""

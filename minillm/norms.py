@@ -127,6 +127,8 @@ class FusedRMSNorm(RMSNorm):
     Built only where the kernel can run (CUDA, or TRITON_INTERPRET=1 on the CPU); never falls back.
     """
 
+    kernel = "triton"  # runs a compiled kernel (tests: tests/test_kernels.py, under the interpreter on a CPU)
+
     def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
                  zero_centered: bool = False, cast: str = "llama"):
         from minillm.kernels import rmsnorm as kernel
@@ -360,7 +362,7 @@ class PowerNorm(_AffineNorm):
       It matters: nu's update multiplies nu by 1 - (1 - alpha_bwd) * Gamma, which flips and grows once
       Gamma = mean(x_hat^2) > 2 / (1 - alpha_bwd), i.e. when activations outgrow the lagging running psi.
       Branch outputs (placement peri/branch) start near 0 and grow fast; there Algorithm 1 alone diverges
-      in tests/test_matrix.py's overfit run, and with group_scaling=1 it trains. Even as a Pre-LN norm,
+      in tests/test_model.py's overfit run, and with group_scaling=1 it trains. Even as a Pre-LN norm,
       psi starting at 1 against inputs of RMS ~0.02 makes Algorithm 1 alone learn slowly; warmup_steps
       (e.g. 50) or group_scaling=1 remove the lag (docs/norms_and_placements.md).
     - ``sync=True``: under DDP, mean_batch (of x^2, Gamma, Lambda) is over every process's batch (all-reduced

@@ -1,4 +1,5 @@
-"""Helpers shared by the training tests: a tiny corpus and composed real configs."""
+"""Helpers shared by the tests (each defined once): generated text, composed real configs, CSV rows, tiny
+models and random tensors, and the norms of the registry the registry-driven tests run over."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import csv
 import random
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+from torch import nn
+
+from minillm.model import ModelConfig
+from minillm.norms import NORMS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -68,3 +74,43 @@ def read_rows(run_dir: Path) -> list[dict]:
 def logged(rows: list[dict], key: str) -> dict[int, float]:
     """step -> value of one metric."""
     return {int(r["step"]): float(r[key]) for r in rows if r.get(key)}
+
+
+# --- tiny models and tensors ---------------------------------------------------------------------------------
+
+V = 37  # vocabulary of the tiny models
+# every registered norm that runs in plain PyTorch (a norm with a kernel, fused_rmsnorm, runs under the Triton
+# interpreter in tests/test_kernels.py); the registry-driven tests run over these without a hand-kept list
+EAGER_NORMS = [name for name, cls in NORMS.items() if not getattr(cls, "kernel", None)]
+
+
+def randn(*shape, scale: float = 1.0, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Seeded normal values with a non-zero mean (0.3), so centring and scaling both matter."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale + 0.3).to(dtype)
+
+
+def randomize(norm: nn.Module, seed: int = 1) -> nn.Module:
+    """Non-trivial gains (about 1) and biases (about 0), so parity tests exercise them; scalars such as DyT's
+    alpha and ScaleNorm's g keep their initial values."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in norm.named_parameters():
+            if name in ("weight", "bias") and p.ndim:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if name == "weight" else 0.0))
+    return norm
+
+
+def norm_kwargs(name: str, max_seq_len: int = 8) -> dict:
+    """What build_norm needs besides dim: max_seq_len for the norms with per-position statistics."""
+    return {"max_seq_len": max_seq_len} if getattr(NORMS[name], "uses_positions", False) else {}
+
+
+def tiny(**kw) -> ModelConfig:
+    """A 2-layer model; mix_fraction 0.5 makes placement="mix" a real mix (layer 0 Post-LN, layer 1 Pre-LN)."""
+    base = dict(vocab_size=V, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16, mix_fraction=0.5)
+    return ModelConfig(**{**base, **kw})
+
+
+def tokens(B: int = 3, T: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))

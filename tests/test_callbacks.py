@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers import ROOT, compose_cfg, logged, read_rows
+from helpers import EAGER_NORMS, ROOT, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.logger import Logger
@@ -28,7 +28,6 @@ from minillm.callbacks import (
     spike_scores,
 )
 from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
-from minillm.norms import NORMS
 from minillm.report import write_report
 
 SUMMARY_FIELDS = {  # config
@@ -172,7 +171,7 @@ def test_bn_stat_distance_is_zero_after_a_step_with_momentum_one(stats):
     assert float(d_mu) == pytest.approx(0.75 * float((mu - old_mean[rows]).pow(2).mean().sqrt()), rel=1e-5)
 
 
-PROBE_CASES = [(norm, "peri") for norm in sorted(set(NORMS) - {"fused_rmsnorm"})]  # peri: the most sites
+PROBE_CASES = [(norm, "peri") for norm in EAGER_NORMS]  # peri: the most sites (registry-driven)
 PROBE_CASES += [("rmsnorm", placement) for placement in PLACEMENTS if placement != "peri"]
 
 

@@ -1,30 +1,81 @@
-"""Norm modules against torch modules, the seeds' formulas and their worked examples."""
+"""Norm modules (minillm/norms.py): every registered norm against its formula, in every dtype, with its
+options; the seeds' formulas and worked examples; DyT, ScaleNorm and PowerNorm in detail.
+
+Registry-driven: the tests over "every norm" read NORMS, so a new norm is tested without editing a list, and
+test_every_registered_norm_has_a_reference_formula fails until its formula is written down here
+(docs/norms_and_placements.md, "Adding a norm")."""
 
 import copy
+import math
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
+from helpers import EAGER_NORMS, randn, randomize
+from helpers import norm_kwargs as kw
 from torch import nn
 
-from minillm.norms import NORMS, BatchNorm, LayerNorm, RMSNorm, build_norm, norm_options
+from minillm.norms import NORMS, BatchNorm, DyT, LayerNorm, PowerNorm, RMSNorm, ScaleNorm, build_norm, norm_options
 
-EAGER = [n for n in NORMS if n != "fused_rmsnorm"]  # the fused kernel has its own tests
 SHAPES = [(2, 5, 8), (3, 7, 33), (1, 1, 16)]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-def randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale + 0.3).to(dtype)
+# --- every registered norm: its formula, its interface ------------------------------------------------------
+
+# y = norm(x) for a fresh (then randomized) module's first forward in train mode, in float64
+REFERENCES = {
+    "layernorm": lambda x, m: F.layer_norm(x, x.shape[-1:], m.weight.double(), m.bias.double(), m.eps),
+    "rmsnorm": lambda x, m: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps) * m.weight.double(),
+    "fused_rmsnorm": lambda x, m: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps) * m.weight.double(),
+    "batchnorm": lambda x, m: ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + m.eps) * m.weight.double()
+                               + m.bias.double()),  # per-position batch statistics (seeds/002)
+    "none": lambda x, m: x,
+    "dyt": lambda x, m: m.weight.double() * torch.tanh(m.alpha.double() * x) + m.bias.double(),
+    "powernorm": lambda x, m: m.weight.double() * x / math.sqrt(1.0 + m.eps) + m.bias.double(),  # psi_0^2 = 1
+    "scalenorm": lambda x, m: m.weight.double() * x / x.norm(dim=-1, keepdim=True).clamp_min(m.eps),
+}
 
 
-def randomize(norm: nn.Module, seed: int = 1) -> nn.Module:
-    """Non-trivial gain and bias, so parity tests exercise them."""
-    g = torch.Generator().manual_seed(seed)
+def test_every_registered_norm_has_a_reference_formula():
+    assert set(REFERENCES) == set(NORMS), "write the new norm's formula into REFERENCES"
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_every_registered_norm_matches_its_formula(name):
+    norm = randomize(build_norm(name, 16, **kw(name)))
+    x = randn(4, 5, 16, scale=2.0)
+    torch.testing.assert_close(norm.train()(x).double(), REFERENCES[name](x.double(), norm), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", EAGER_NORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_norm_keeps_shape_and_dtype_and_resets(name, dtype):
+    norm = build_norm(name, 16, **kw(name))
+    assert {n for n, _ in norm.named_parameters()} <= {"weight", "bias", "alpha"}
+    x = randn(3, 8, 16, dtype=dtype)
+    for mode in (True, False):
+        y = norm.train(mode)(x)
+        assert y.shape == x.shape and y.dtype == dtype and torch.isfinite(y).all()
+    fresh = build_norm(name, 16, **kw(name))
     with torch.no_grad():
         for p in norm.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p.ndim else 0.0))
-    return norm
+            p.add_(0.37)
+    norm.reset_parameters()
+    for (k, a), b in zip(norm.state_dict().items(), fresh.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+@pytest.mark.parametrize("name", EAGER_NORMS)
+def test_fp16_large_activations_reduce_in_fp32(name):
+    """|x| ~ 1e3 in fp16: x**2 overflows 65504 in fp16, but every norm reduces in fp32."""
+    x16 = randn(4, 6, 32, scale=1000.0).half()
+    assert torch.isinf(x16.pow(2).sum(-1)).all()  # what a norm without the upcast would hit
+    norm = randomize(build_norm(name, 32, **kw(name, 6))).train(name != "powernorm")
+    y16, y32 = norm(x16), norm(x16.float())
+    assert torch.isfinite(y16).all()
+    torch.testing.assert_close(y16.float(), y32, atol=4e-3, rtol=2e-3)
 
 
 # --- registry ---------------------------------------------------------------------------------------
@@ -44,24 +95,13 @@ def test_unknown_option_lists_accepted_options():
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "batchnorm"])
 def test_bad_eps_mode_is_rejected(name):
-    kw = {"max_seq_len": 8} if name == "batchnorm" else {}
     with pytest.raises(ValueError, match="eps_mode='sqrt'.*inside, outside"):
-        build_norm(name, 8, eps_mode="sqrt", **kw)
+        build_norm(name, 8, eps_mode="sqrt", **kw(name))
 
 
 def test_every_norm_takes_eps_mode_where_it_normalizes():
     for name in ("layernorm", "rmsnorm", "batchnorm", "fused_rmsnorm"):
         assert "eps_mode" in norm_options(name)
-
-
-@pytest.mark.parametrize("name", EAGER)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_shape_and_dtype_kept(name, dtype):
-    norm = build_norm(name, 16, **({"max_seq_len": 8} if name in ("batchnorm", "powernorm") else {}))
-    x = randn(3, 8, 16, dtype=dtype)
-    for mode in (True, False):
-        y = norm.train(mode)(x)
-        assert y.shape == x.shape and y.dtype == dtype
 
 
 def test_parameter_counts_match_the_seed_table():
@@ -196,34 +236,21 @@ def test_eps_outside_divides_by_std_plus_eps_seed002(name):
     assert not torch.allclose(norm(x), inside(x), atol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "batchnorm"])
-def test_fp16_large_activations_reduce_in_fp32(name):
-    """|x| ~ 1e3 in fp16: x**2 overflows 65504 in fp16, but the norm reduces in fp32."""
-    x16 = randn(4, 6, 32, scale=1000.0).half()
-    assert torch.isinf(x16.pow(2).sum(-1)).all()  # what a norm without the upcast would hit
-    norm = build_norm(name, 32, **({"max_seq_len": 6} if name == "batchnorm" else {}))
-    y16, y32 = norm(x16), norm(x16.float())
-    assert torch.isfinite(y16).all()
-    torch.testing.assert_close(y16.float(), y32, atol=4e-3, rtol=2e-3)
-
-
-@pytest.mark.parametrize("name", EAGER)
+@pytest.mark.parametrize("name", EAGER_NORMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_matches_fp32_within_rounding(name, dtype):
-    kw = {"max_seq_len": 5} if name in ("batchnorm", "powernorm") else {}
-    norm = randomize(build_norm(name, 24, **kw))
+    norm = randomize(build_norm(name, 24, **kw(name, 5)))
     norm.train(name != "powernorm")  # powernorm's train-mode forward moves the running statistics it reads
     x = randn(3, 5, 24, dtype=dtype)
     torch.testing.assert_close(norm(x).float(), norm(x.float()), atol=TOL[dtype] * 4, rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("name", EAGER)
+@pytest.mark.parametrize("name", EAGER_NORMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_backward_matches_fp32(name, dtype):
     """Input and parameter gradients of a bf16/fp16 input (fp32 parameters, as under autocast) match the
     fp32 computation on the same values, in train mode (batch statistics, PowerNorm's approximate backward)."""
-    kw = {"max_seq_len": 5} if name in ("batchnorm", "powernorm") else {}
-    norm = randomize(build_norm(name, 24, **kw)).train()
+    norm = randomize(build_norm(name, 24, **kw(name, 5))).train()
     x, dy = randn(3, 5, 24, dtype=dtype), randn(3, 5, 24, seed=7)
     grads = {}
     for dt in (dtype, torch.float32):
@@ -343,3 +370,211 @@ def test_position_batchnorm_needs_max_seq_len_and_rejects_longer_inputs():
 def test_none_is_identity():
     x = randn(2, 3, 4)
     assert build_norm("none", 4)(x) is x
+
+
+# --- options, DyT, ScaleNorm, PowerNorm ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("dyt", {"alpha0": 0.0}, "alpha0=0.0 must be a finite number > 0"),
+        ("powernorm", {"alpha_fwd": 1.5, "max_seq_len": 4}, r"alpha_fwd=1.5 must be in \[0, 1\]"),
+        ("powernorm", {"warmup_steps": -1, "max_seq_len": 4}, "warmup_steps=-1 must be an integer >= 0"),
+        ("powernorm", {}, "needs max_seq_len"),
+        ("powernorm", {"stats": "token", "max_seq_len": 4}, "stats='token' is not valid; allowed: position"),
+        ("powernorm", {"group_scaling": 3, "max_seq_len": 4}, "group_scaling=3 must be 0 .* dim=8"),
+        ("scalenorm", {"bias": True}, r"'scalenorm' does not take option\(s\) \['bias'\]"),
+    ],
+)
+def test_bad_options_are_clear_errors(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        build_norm(name, 8, **options)
+
+
+def test_dyt_is_gamma_tanh_alpha_x_plus_beta_and_bounded():
+    norm = randomize(DyT(16, alpha0=0.7))
+    x = randn(4, 5, 16, scale=3.0)
+    torch.testing.assert_close(norm(x), norm.weight * torch.tanh(0.7 * x) + norm.bias)
+    huge = randn(4, 5, 16, scale=1e4, seed=3)
+    bound = (norm.weight.abs() + norm.bias.abs()).detach()
+    y = norm(huge)
+    assert torch.all(y.abs() <= bound + 1e-6)
+    assert torch.allclose(y.abs().amax((0, 1)), bound, rtol=0.2)  # the bound is reached by saturated inputs
+
+
+def test_dyt_alpha_is_one_learnable_scalar_with_alpha0():
+    assert build_norm("dyt", 8).alpha.item() == 0.5  # the paper's default
+    norm = build_norm("dyt", 8, alpha0=0.8)
+    assert norm.alpha.numel() == 1 and norm.alpha.requires_grad and norm.alpha.item() == pytest.approx(0.8)
+    assert sum(p.numel() for p in norm.parameters()) == 2 * 8 + 1
+    assert sum(p.numel() for p in build_norm("dyt", 8, bias=False).parameters()) == 8 + 1
+    x, dy = randn(2, 3, 8), randn(2, 3, 8, seed=2)
+    (norm(x) * dy).sum().backward()
+    expected = (dy * norm.weight * x / torch.cosh(0.8 * x) ** 2).sum()  # d tanh(a x)/da = x sech^2(a x)
+    torch.testing.assert_close(norm.alpha.grad, expected.detach().view(1))
+    with torch.no_grad():
+        norm.alpha.fill_(3.0)
+    norm.reset_parameters()
+    assert norm.alpha.item() == pytest.approx(0.8)
+
+
+def test_scalenorm_output_norm_is_g_at_every_position():
+    norm = ScaleNorm(24)
+    assert [n for n, _ in norm.named_parameters()] == ["weight"] and norm.weight.numel() == 1
+    assert norm.weight.item() == pytest.approx(math.sqrt(24))
+    scales = torch.logspace(-3, 3, 7).view(1, 7, 1)  # positions of very different sizes
+    x = randn(3, 7, 24) * scales
+    for g in (math.sqrt(24), -2.5, 0.3):
+        with torch.no_grad():
+            norm.weight.fill_(g)
+        y = norm(x)
+        torch.testing.assert_close(y.norm(dim=-1), torch.full((3, 7), abs(g)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(y, g * x / x.norm(dim=-1, keepdim=True))
+        torch.testing.assert_close(norm(5.0 * x), y)  # scale invariant
+
+
+def test_scalenorm_clamps_the_norm_at_eps():
+    norm = ScaleNorm(4, eps=1e-2)
+    x = torch.zeros(1, 2, 4)
+    x[0, 1] = 1e-4
+    y = norm(x)
+    torch.testing.assert_close(y, 2.0 * x / 1e-2)  # sqrt(4) * x / max(||x||, eps)
+    x.requires_grad_()
+    norm(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def pn_step(x, dy, psi2, nu, w, b, a_fwd, a_bwd, eps, dims):
+    """Algorithm 1 of Shen et al. 2020 written out: forward with psi_{t-1}, approximate backward, updates."""
+    inv = 1.0 / torch.sqrt(psi2 + eps)
+    x_hat = x * inv
+    g = w * dy  # dL/dx_hat
+    dx = (g - nu * x_hat) * inv
+    nu_new = nu * (1 - (1 - a_bwd) * (x_hat * x_hat).mean(dims)) + (1 - a_bwd) * (g * x_hat).mean(dims)
+    psi2_new = a_fwd * psi2 + (1 - a_fwd) * (x * x).mean(dims)
+    return w * x_hat + b, dx, (dy * x_hat).sum((0, 1)), dy.sum((0, 1)), x_hat, psi2_new, nu_new
+
+
+@pytest.mark.parametrize("stats", ["position", "pooled"])
+def test_powernorm_forward_backward_and_running_stats_follow_algorithm_1(stats):
+    T, L = 5, 7  # rows T..L-1 of the per-position buffers are never touched
+    pn = randomize(PowerNorm(6, stats=stats, max_seq_len=L, alpha_fwd=0.8, alpha_bwd=0.7))
+    dims, shape = ((0,), (T, 6)) if stats == "position" else ((0, 1), (6,))
+    psi2, nu = torch.ones(shape), torch.zeros(shape)
+    w, b = pn.weight.detach().clone(), pn.bias.detach().clone()
+    rows = slice(0, T) if stats == "position" else slice(None)
+    for k in range(4):
+        x = randn(8, T, 6, seed=k, scale=k + 1.0).requires_grad_()
+        dy = randn(8, T, 6, seed=10 + k)
+        pn.zero_grad()
+        y = pn.train()(x)
+        (y * dy).sum().backward()
+        ref = pn_step(x.detach(), dy, psi2, nu, w, b, 0.8, 0.7, pn.eps, dims)
+        y_ref, dx, dw, db, x_hat, psi2_new, nu_new = ref
+        torch.testing.assert_close(y, y_ref)
+        torch.testing.assert_close(x.grad, dx, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(pn.weight.grad, dw, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pn.bias.grad, db)
+        # plain autograd of the same forward treats psi_{t-1} as a constant: it lacks -nu_{t-1} x_hat / psi
+        plain = w * dy / torch.sqrt(psi2 + pn.eps)
+        correction = -nu * x_hat / torch.sqrt(psi2 + pn.eps)
+        torch.testing.assert_close(x.grad - plain, correction, atol=1e-6, rtol=1e-5)
+        assert torch.allclose(x.grad, plain) == (k == 0)  # nu_0 = 0: only the first step agrees
+        psi2, nu = psi2_new, nu_new
+        torch.testing.assert_close(pn.running_psi2[rows], psi2)
+        torch.testing.assert_close(pn.running_nu[rows], nu)
+    if stats == "position":
+        assert torch.all(pn.running_psi2[T:] == 1) and torch.all(pn.running_nu[T:] == 0)
+    assert pn.num_batches_tracked == 4
+    x = randn(8, T, 6, seed=42)
+    before = pn.running_psi2.clone()
+    torch.testing.assert_close(pn.eval()(x), w * x / torch.sqrt(psi2 + pn.eps) + b)  # eval: psi_T
+    assert torch.equal(pn.running_psi2, before)
+
+
+def test_powernorm_approximate_backward_is_exact_at_a_fixed_point_of_the_running_statistics():
+    """With psi^2 already at this batch's quadratic mean, the second step's approximate gradient equals the
+    exact gradient of x / sqrt(a psi^2 + (1 - a) mean_batch(x^2) + eps): nu carries the (1 - a) term."""
+    a = 0.9
+    pn = PowerNorm(6, max_seq_len=5, alpha_fwd=a, alpha_bwd=a, affine=False)
+    x, dy = randn(8, 5, 6, scale=2.0), randn(8, 5, 6, seed=1)
+    m = x.pow(2).mean(0)
+    with torch.no_grad():
+        pn.running_psi2.copy_(m)
+    for _ in range(2):
+        xa = x.clone().requires_grad_()
+        (pn.train()(xa) * dy).sum().backward()
+    torch.testing.assert_close(pn.running_psi2, m)  # a fixed point
+    xe = x.clone().requires_grad_()
+    (xe / torch.sqrt(a * m + (1 - a) * xe.pow(2).mean(0) + pn.eps) * dy).sum().backward()
+    torch.testing.assert_close(xa.grad, xe.grad, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(xa.grad, dy / torch.sqrt(m + pn.eps), atol=1e-4)  # psi-as-constant gradient
+
+
+def test_powernorm_does_not_center_unlike_batchnorm():
+    x, c = randn(8, 5, 6), 3.0
+    bn = BatchNorm(6, max_seq_len=5)
+    torch.testing.assert_close(bn.train()(x + c), bn.train()(x), atol=1e-5, rtol=1e-5)  # BN removes a shift
+    pnv = PowerNorm(6, max_seq_len=5, warmup_steps=100)  # batch quadratic mean (PN-V)
+    y = pnv.train()(x)
+    torch.testing.assert_close(y, x / torch.sqrt(x.pow(2).mean(0) + pnv.eps))
+    assert not torch.allclose(pnv.train()(x + c), y, atol=1e-2)
+    pn = PowerNorm(6, max_seq_len=5).eval()  # Algorithm 1: the shift passes through, scaled by 1/psi
+    torch.testing.assert_close(pn(x + c) - pn(x), torch.full_like(x, c / math.sqrt(1 + pn.eps)))
+
+
+def test_powernorm_warmup_uses_batch_statistics_then_their_average():
+    pn = PowerNorm(4, max_seq_len=3, warmup_steps=3, alpha_fwd=0.5)
+    xs = [randn(6, 3, 4, seed=k, scale=k + 1.0) for k in range(4)]
+    for x in xs[:3]:
+        torch.testing.assert_close(pn.train()(x), x / torch.sqrt(x.pow(2).mean(0) + pn.eps))
+    avg = torch.stack([x.pow(2).mean(0) for x in xs[:3]]).mean(0)
+    torch.testing.assert_close(pn.running_psi2, avg)
+    torch.testing.assert_close(pn.train()(xs[3]), xs[3] / torch.sqrt(avg + pn.eps))  # Algorithm 1 from here
+    torch.testing.assert_close(pn.running_psi2, 0.5 * avg + 0.5 * xs[3].pow(2).mean(0))
+
+
+@pytest.mark.parametrize("stats, warmup, causal", [("position", 0, True), ("position", 5, True),
+                                                   ("pooled", 0, True), ("pooled", 5, False)])
+def test_powernorm_train_mode_causality(stats, warmup, causal):
+    """Running statistics in the forward never mix positions; only a pooled warmup (batch statistics over
+    time) lets position t see later tokens, and only that case warns."""
+    with pytest.warns(UserWarning, match="sees later tokens") if not causal else warnings.catch_warnings():
+        if causal:
+            warnings.simplefilter("error")
+        pn = PowerNorm(8, stats=stats, warmup_steps=warmup, max_seq_len=6)
+    x = randn(4, 6, 8)
+    later = x.clone()
+    later[:, 4:] += randn(4, 2, 8, seed=5, scale=3.0)
+    state = {k: v.clone() for k, v in pn.state_dict().items()}
+    a = pn.train()(x)
+    pn.load_state_dict(state)
+    b = pn.train()(later)
+    assert torch.allclose(a[:, :4], b[:, :4], atol=1e-6, rtol=0) == causal
+
+
+def test_powernorm_group_scaling_divides_each_token_by_its_group_rms_first():
+    pn, ref = PowerNorm(8, max_seq_len=3, group_scaling=2), PowerNorm(8, max_seq_len=3)
+    x = randn(5, 3, 8, scale=4.0)
+    xg = x.view(5, 3, 2, 4)
+    scaled = (xg / torch.sqrt(xg.pow(2).mean(-1, keepdim=True) + pn.eps)).view(5, 3, 8)
+    for _ in range(3):
+        torch.testing.assert_close(pn.train()(x), ref.train()(scaled))
+    torch.testing.assert_close(pn.running_psi2, ref.running_psi2)
+    torch.testing.assert_close(pn.eval()(100.0 * x), ref.eval()(scaled), atol=1e-5, rtol=1e-5)  # scale-free
+
+
+def test_powernorm_skips_a_non_finite_backward_term_and_keeps_its_state_in_the_state_dict():
+    pn = PowerNorm(4, max_seq_len=3)
+    x = randn(5, 3, 4).requires_grad_()
+    dy = randn(5, 3, 4, seed=1)
+    dy[0, 0, 0] = float("inf")  # an overflowed fp16 step
+    (pn.train()(x) * dy).sum().backward()
+    assert torch.isfinite(pn.running_nu).all() and pn.running_nu[0, 0] == 0 and pn.running_nu[1, 0] != 0
+    assert {k for k, _ in pn.named_buffers()} == {"running_psi2", "running_nu", "num_batches_tracked"}
+    fresh = PowerNorm(4, max_seq_len=3)
+    fresh.load_state_dict(pn.state_dict())
+    x2 = randn(5, 3, 4, seed=7)
+    torch.testing.assert_close(fresh.eval()(x2), pn.eval()(x2))
+
