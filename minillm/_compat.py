@@ -1,12 +1,37 @@
 """Every use of a library's private API, in one place, each with a test in tests/test_compat.py that fails
 loudly when the library changes (instead of a guard that would turn an upgrade into a silent no-op).
 
-Lightning is pinned to a tested range in pyproject.toml; these are what an upgrade must re-check.
+Lightning and torch are pinned to tested ranges in pyproject.toml; these are what an upgrade must re-check.
+Also relied on, outside this module: Lightning's ``RichProgressBar._get_train_description`` (overridden in
+minillm/callbacks/progress.py) and WandbLogger's ``_wandb_init`` / ``_experiment`` / ``_offline``
+(minillm/loggers.py); tests/test_compat.py checks that both still exist. No Lightning import at module level:
+the model's code (minillm/distributed.py) uses this module too.
 """
 
 from __future__ import annotations
 
-import lightning as L
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    import lightning as L
+
+
+def all_reduce_sum_differentiable(t: Tensor) -> Tensor:
+    """Sum over the default process group with an autograd rule (backward: the sum of the gradients) that
+    torch.compile can trace: torch's functional collectives (private module, torch >= 2.10)."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", dist.group.WORLD))
+
+
+def grad_scaler_scale(scaler: torch.amp.GradScaler) -> Tensor | None:
+    """The GradScaler's current scale as the tensor it keeps on the device (``get_scale()`` would copy it to
+    the host, a device sync every step); None before its first step."""
+    return scaler._scale
 
 
 def validation_due(trainer: L.Trainer) -> bool:

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from minillm import _compat
+
 
 def world_size() -> int:
     """Processes in the default group (1 when torch.distributed is not initialized)."""
@@ -30,13 +32,7 @@ def all_reduce_sum(t: Tensor) -> Tensor:
         out = t.detach().clone(memory_format=torch.contiguous_format)
         dist.all_reduce(out)
         return out
-    from torch.distributed import _functional_collectives as funcol
-
-    if hasattr(funcol, "all_reduce_backward"):  # torch >= 2.10: autograd registered, traceable by compile
-        return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", dist.group.WORLD))
-    from torch.distributed.nn.functional import all_reduce  # older torch: the autograd.Function version
-
-    return all_reduce(t)
+    return _compat.all_reduce_sum_differentiable(t)
 
 
 def _count(x: Tensor, dims: tuple[int, ...]) -> int:

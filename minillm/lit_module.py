@@ -89,7 +89,11 @@ class LitLM(L.LightningModule):
         self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
 
     def setup(self, stage: str) -> None:
-        tokenizer = getattr(self.trainer.datamodule, "tokenizer", None) if self._trainer is not None else None
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # not attached to a Trainer
+            datamodule = None
+        tokenizer = getattr(datamodule, "tokenizer", None)
         self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None)
 
     def forward(self, idx: Tensor) -> Tensor:

@@ -98,3 +98,34 @@ def test_forked_worker_is_recognized_by_the_launcher():
     assert not _compat.in_forked_worker(trainer([]))
     t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", logger=False)
     assert _compat.in_forked_worker(t)
+
+
+def test_functional_all_reduce_is_differentiable(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x = torch.arange(3.0, requires_grad=True)
+        y = _compat.all_reduce_sum_differentiable(x * 2)
+        torch.testing.assert_close(y, torch.tensor([0.0, 2.0, 4.0]))
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_grad_scaler_keeps_its_scale_as_a_tensor():
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    assert _compat.grad_scaler_scale(scaler) is None  # before its first use
+    scaler.scale(torch.ones(()))
+    scale = _compat.grad_scaler_scale(scaler)
+    assert isinstance(scale, torch.Tensor) and float(scale) == scaler.get_scale() == 2.0**10
+
+
+def test_lightning_still_has_what_minillm_overrides_or_reads():
+    from lightning.pytorch.callbacks import RichProgressBar
+    from lightning.pytorch.loggers import WandbLogger
+
+    assert callable(vars(RichProgressBar).get("_get_train_description"))  # overridden by minillm's RichBar
+    logger = WandbLogger(offline=True, save_dir="/tmp")
+    assert isinstance(logger._wandb_init, dict) and logger._experiment is None and logger._offline is True

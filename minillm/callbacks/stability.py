@@ -45,6 +45,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
+from minillm import _compat
 from minillm.callbacks.common import finite_max, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
 from minillm.config import check_bool, check_int, check_number
@@ -208,8 +209,9 @@ class StabilityMonitor(L.Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         self._stepped = True
-        if self.scaler is not None and getattr(self.scaler, "_scale", None) is not None:
-            self._scale_before = self.scaler._scale.detach().clone()
+        scale = _compat.grad_scaler_scale(self.scaler) if self.scaler is not None else None
+        if scale is not None:
+            self._scale_before = scale.detach().clone()
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         if grads:  # every step: one fused norm, no device sync (read once, at the end)
             total = get_total_norm(grads, 2.0)
@@ -291,7 +293,7 @@ class StabilityMonitor(L.Callback):
             if report or spike:
                 metrics[LOSS_SPIKES] = float(self.spikes.count)
         if self._stepped and self.scaler is not None:
-            scale = getattr(self.scaler, "_scale", None)
+            scale = _compat.grad_scaler_scale(self.scaler)
             if scale is not None and self._scale_before is not None:
                 self._skipped = self._skipped + (scale < self._scale_before).long()  # backoff: inf/NaN found
             if report:
