@@ -191,11 +191,42 @@ def in_multirun() -> bool:
 
 
 def group_sweeps(cfg: DictConfig) -> None:
-    """In a Hydra multirun, make the W&B group name + the sweep's folder name: one group per sweep."""
+    """In a Hydra multirun, make the W&B group name + the sweep's folder name: one group per sweep; name the
+    W&B run by run_name unless the config names it."""
     wandb = (cfg.get("logger") or {}).get("wandb")
-    if in_multirun() and wandb is not None:
-        with open_dict(cfg):
+    if wandb is None:
+        return
+    with open_dict(cfg):
+        if in_multirun():
             wandb.group = f"{cfg.name}-{Path(HydraConfig.get().sweep.dir).name}"
+        if not wandb.get("name"):
+            wandb.name = run_name(cfg)
+
+
+NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "optimizer.lr",
+         "scheduler.warmup_steps", "trainer.precision", "seed")  # what run_name always shows (when not default)
+UNNAMED = ("paths.", "hydra.", "hydra/", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment",
+           "data.files", "train", "test", "threads")  # overrides a sweep job's name leaves out
+
+
+def run_name(cfg: DictConfig) -> str:
+    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>]-lr<lr>[-wu<warmup>][-<precision>]-s<seed>``
+    (L, d, wu and the precision when they differ from the defaults 4, 128, 100 and 32-true), and in a sweep
+    every other override of the job as ``-<last key part>=<value>``: the sweep's jobs get distinct names."""
+    model, warmup = cfg.model, OmegaConf.select(cfg, "scheduler.warmup_steps")
+    parts = [str(model.norm), str(cfg.placement)]
+    parts += [f"L{model.n_layers}"] if model.n_layers != 4 else []
+    parts += [f"d{model.dim}"] if model.dim != 128 else []
+    parts += [f"qk{model.qk_norm}"] if model.qk_norm != "none" else []
+    parts += [f"lr{cfg.optimizer.lr:g}"] + ([f"wu{warmup}"] if warmup not in (None, 100) else [])
+    parts += [str(cfg.trainer.precision)] if str(cfg.trainer.precision) != "32-true" else []
+    parts += [f"s{cfg.seed}"]
+    if in_multirun():
+        for override in HydraConfig.get().overrides.task:
+            key, _, value = override.lstrip("+~").partition("=")
+            if key not in NAMED and not key.startswith(UNNAMED):
+                parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
+    return "-".join(parts)
 
 
 def set_threads(cfg: DictConfig) -> None:
@@ -297,12 +328,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for logger in trainer.loggers:
         logger.log_hyperparams(hparams)
 
-    if cfg.get("train", True):
-        fit(trainer, module, datamodule, ckpt_path)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if cfg.get("test", False):
-        metrics.update(test(cfg, trainer, module, datamodule, ckpt_path))
-    return metrics
+    try:
+        if cfg.get("train", True):
+            fit(trainer, module, datamodule, ckpt_path)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if cfg.get("test", False):
+            metrics.update(test(cfg, trainer, module, datamodule, ckpt_path))
+        return metrics
+    finally:
+        for logger in trainer.loggers:  # the W&B run ends with its summary written (also for the next sweep job)
+            if hasattr(logger, "finish"):
+                logger.finish()
 
 
 STOP_CODES = {128 + s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}  # see PreemptionCheckpoint

@@ -114,3 +114,61 @@ def tiny(**kw) -> ModelConfig:
 
 def tokens(B: int = 3, T: int = 12, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# --- W&B offline runs, read back ----------------------------------------------------------------------------
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf Records of a .wandb file. Its format is LevelDB's log: a 7-byte header (":W&B", magic,
+    version), then 32 KiB blocks of chunks, each with a 7-byte header (crc32, length, type: 1 full, 2 first,
+    3 middle, 4 last). wandb no longer ships a reader for it, so the tests walk it here."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos = Path(path).read_bytes(), 32768, 7
+    assert data[:4] == b":W&B", path
+    payloads, pending = [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            payloads.append(chunk)
+        elif kind in (2, 3):
+            pending = chunk if kind == 2 else pending + chunk
+        elif kind == 4:
+            payloads.append(pending + chunk)
+        else:  # zero padding at the end of a block
+            pos += block - pos % block
+    records = []
+    for payload in payloads:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        records.append(record)
+    return records
+
+
+def read_wandb_run(folder: Path) -> dict:
+    """id, history rows, summary and the summary-kind of each defined metric of an offline run folder."""
+    import json as _json
+
+    (path,) = Path(folder).glob("*.wandb")
+    run_id, history, summary, defined = None, [], {}, {}
+    for record in wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+        elif kind == "history":
+            history.append({"/".join([i.key, *i.nested_key] if i.key else list(i.nested_key)):
+                            _json.loads(i.value_json) for i in record.history.item})
+        elif kind == "summary":
+            for item in record.summary.update:
+                key = item.key or "/".join(item.nested_key)
+                summary[key] = _json.loads(item.value_json)
+        elif kind == "metric" and record.metric.name:
+            defined[record.metric.name] = record.metric.summary
+    return {"id": run_id, "history": history, "summary": summary, "defined": defined, "folder": Path(folder)}

@@ -1,9 +1,17 @@
-"""minillm/loggers.py: the CSV log that survives several writers (resumes, DDP's fork launcher)."""
+"""minillm/loggers.py: the CSV log that survives several writers (resumes, DDP's fork launcher), and the W&B
+run as it is written to disk (its summary, depth tables, samples, resume)."""
 
 from __future__ import annotations
 
 import csv
+import json
+import signal
+from pathlib import Path
 
+import pytest
+from helpers import compose_cfg, read_wandb_run
+
+import minillm.train as train_script
 from minillm.loggers import AppendingCSVLogger
 
 
@@ -39,3 +47,81 @@ def test_resume_at_drops_the_rows_a_resumed_run_logs_again(tmp_path):
     logger.save()
     AppendingCSVLogger(tmp_path, name="csv", version="").resume_at(4)  # the checkpoint was saved after 4 steps
     assert [r["step"] for r in rows(tmp_path)[1]] == ["0", "1", "2", "3"]
+
+
+# --- W&B: read back from the offline run files (no network, no mocks) ------------------------------------------
+
+
+def wandb_run(run_dir) -> dict:
+    """The run folder's W&B run (its latest segment, for a resumed run)."""
+    return read_wandb_run(sorted((Path(run_dir) / "wandb").glob("offline-run-*"))[-1])
+
+
+def tables(run: dict, key: str) -> dict[int, dict]:
+    """trainer/global_step -> the JSON of each table logged under key."""
+    out = {}
+    for row in run["history"]:
+        if f"{key}/path" in row:
+            out[row["trainer/global_step"]] = json.loads((run["folder"] / "files" / row[f"{key}/path"]).read_text())
+    return out
+
+
+def check_summary_is_copied(run_dir) -> dict:
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    run = wandb_run(run_dir)
+    copied = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
+    assert copied and {k: run["summary"].get(k) for k in copied} == pytest.approx(copied), run["summary"]
+    return run
+
+
+def test_wandb_summary_depth_tables_and_samples_of_a_run(tmp_path, corpus):
+    """The W&B run summary holds summary.json (the result), W&B keeps the best val/loss and the largest
+    stability maxima, layer/* and norm/* come as depth tables (a row per layer) instead of scalar panels, and
+    the samples table gets a row per validation."""
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=3",
+                      "logger.wandb.profile_every_n_steps=2", "callbacks.stability.every_n_steps=2", "test=false")
+    train_script.train(cfg)
+    run = check_summary_is_copied(cfg.paths.output_dir)
+    assert run["defined"]["val/loss"].min and run["defined"]["stab/max_abs_h"].max
+    assert not any(k.startswith(("layer/", "norm/")) for row in run["history"] for k in row)
+    layers = tables(run, "depth/layers")
+    assert sorted(layers) == [0, 2, 4]  # the measured steps that are profile steps
+    for table in layers.values():  # n_layers rows, one per layer in order, with their metrics
+        assert [r[table["columns"].index("layer")] for r in table["data"]] == [0, 1]
+        assert {"resid_rms", "resid_max", "grad_norm", "update_ratio"} <= set(table["columns"])
+    sites = tables(run, "depth/norm_sites")[4]
+    assert len(sites["data"]) == 2 * 2 + 1  # attn_norm and ffn_norm per layer, the final norm
+    samples = tables(run, "samples")
+    assert sorted(samples) == [2, 5] and len(samples[5]["data"]) == 2  # a row per validation so far
+    assert (Path(cfg.paths.output_dir) / "samples.txt").read_text().count("step ") == 2
+
+
+def test_wandb_summary_of_a_diverged_run(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=6", "test=false",
+                      "+callbacks.poison._target_=test_callbacks.PoisonGrad", "+callbacks.poison.at_step=2")
+    train_script.train(cfg)
+    run = check_summary_is_copied(cfg.paths.output_dir)
+    assert run["summary"]["diverged"] is True and run["summary"]["failed"] is True
+
+
+def test_per_layer_scalars_switch(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=2", "test=false",
+                      "logger.wandb.per_layer_scalars=true")
+    train_script.train(cfg)
+    assert any(k.startswith("layer/0/") for row in wandb_run(cfg.paths.output_dir)["history"] for k in row)
+
+
+def test_a_resumed_run_continues_its_wandb_run_without_repeating_steps(tmp_path, corpus):
+    signal_at = ["+callbacks.signal._target_=test_reliability.SignalAt",
+                 f"+callbacks.signal.signum={int(signal.SIGTERM)}", "+callbacks.signal.step=3"]
+    common = ["logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=3", "test=false"]
+    with pytest.raises(SystemExit):
+        train_script.train(compose_cfg(tmp_path, corpus, *common, *signal_at))
+    cfg = compose_cfg(tmp_path, corpus, *common, "ckpt_path=auto")
+    train_script.train(cfg)
+    segments = sorted((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    runs = [read_wandb_run(s) for s in segments]
+    assert len(runs) == 2 and runs[0]["id"] == runs[1]["id"]  # one W&B run, two offline segments
+    steps = [[r["trainer/global_step"] for r in run["history"] if "train/loss" in r] for run in runs]
+    assert steps[0] + steps[1] == list(range(6))  # every step once, in order
+    check_summary_is_copied(cfg.paths.output_dir)  # the last segment's summary covers the whole run

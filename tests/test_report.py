@@ -131,14 +131,15 @@ def test_cli_writes_the_report(sweep, tmp_path):
     assert missing.returncode != 0 and "no summary.json" in missing.stderr
 
 
-def test_wandb_sweep_config_drives_train_py_with_hydra_overrides(tmp_path):
-    spec = yaml.safe_load((ROOT / "experiments" / "wandb_sweep.yaml").read_text())
+@pytest.mark.parametrize("sweep_file", ["wandb_sweep.yaml", "wandb_sweep_bayes.yaml"])
+def test_wandb_sweep_config_drives_train_py_with_hydra_overrides(sweep_file, tmp_path):
+    spec = yaml.safe_load((ROOT / "experiments" / sweep_file).read_text())
     assert spec["program"] == "train.py" and (ROOT / spec["program"]).exists()
     assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
-    assert spec["metric"]["name"] == "val/loss"
+    assert spec["metric"]["name"] == "val/loss" and spec["method"] in ("grid", "bayes")
     corpus = write_corpus(tmp_path / "c.txt", n_chars=2000)
     for key, param in spec["parameters"].items():  # each is a valid Hydra override of the real config
-        value = param["values"][-1] if "values" in param else param["value"]
+        value = param["values"][-1] if "values" in param else param.get("value", param.get("max"))
         extra = ["logger=wandb"] if key.startswith("logger") else []
         cfg = compose_cfg(tmp_path, corpus, f"{key}={value}", *extra)
         node = cfg
@@ -155,3 +156,18 @@ def test_a_run_stopped_by_a_signal_and_not_resumed_is_left_out_and_named(sweep):
     row = next(r for r in data["rows"] if (r["norm"], r["placement"], r["lr"]) == ("rmsnorm", "pre", 1e-3))
     assert row["runs"] == 2 and row["failed_fraction"] == 0
     assert f"left out: {stopped}" in (sweep / "report" / "report.md").read_text()
+
+
+def test_optuna_sweeper_preset_minimizes_the_optimized_metric(tmp_path):
+    """hparams_search=optuna_lr: Optuna's TPE over lr and warmup (hydra-optuna-sweeper), 3 tiny trials."""
+    corpus = write_corpus(tmp_path / "c.txt", n_chars=4000)
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "hparams_search=optuna_lr", "hydra.sweeper.n_trials=3",
+           "model=tiny", "data=files", f"data.files=[{corpus}]", "trainer.max_steps=4", "data.batch_size=4",
+           "data.val_windows=4", "test=false", "logger=csv", "callbacks=stability", f"paths.cache_dir={tmp_path}/c"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (result,) = (tmp_path / "logs" / "optuna_lr" / "multiruns").rglob("optimization_results.yaml")
+    best = yaml.safe_load(result.read_text())
+    losses = [json.loads(p.read_text())["final_val_loss"] for p in result.parent.rglob("summary.json")]
+    assert len(losses) == 3 and best["best_value"] == pytest.approx(min(losses))
+    assert 1e-4 <= best["best_params"]["optimizer.lr"] <= 3e-2

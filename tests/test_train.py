@@ -283,13 +283,22 @@ def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "name=my_sweep", "optimizer.lr=0.01", "seed=3")
     train_script.group_sweeps(cfg)
     assert cfg.logger.wandb.group == "my_sweep"  # a single run: the experiment name
-    hydra_cfg = HydraConfig.get()
-    with read_write(hydra_cfg):  # as Hydra sets it for the jobs of `train.py -m`
-        hydra_cfg.mode, hydra_cfg.sweep.dir = RunMode.MULTIRUN, "logs/my_sweep/multiruns/2026-01-02_03-04-05"
-    train_script.group_sweeps(cfg)
+    assert cfg.logger.wandb.name == "rmsnorm-pre-L2-d32-lr0.01-wu1-s3"  # tiny model: depth and width differ
+    jobs = [["norm=layernorm", "data.batch_size=4", "data.files=[/x.txt]"],
+            ["norm=layernorm", "data.batch_size=8", "data.files=[/x.txt]"]]
+    names = []
+    for job in jobs:
+        cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "name=my_sweep", "optimizer.lr=0.01", "seed=3", *job)
+        hydra_cfg = HydraConfig.get()
+        with read_write(hydra_cfg):  # as Hydra sets it for the jobs of `train.py -m`
+            hydra_cfg.mode, hydra_cfg.sweep.dir = RunMode.MULTIRUN, "logs/my_sweep/multiruns/2026-01-02_03-04-05"
+            hydra_cfg.overrides.task = job
+        train_script.group_sweeps(cfg)
+        names.append(cfg.logger.wandb.name)
+    assert names == [f"layernorm-pre-L2-d32-lr0.01-wu1-s3-batch_size={b}" for b in (4, 8)]
     assert cfg.logger.wandb.group == "my_sweep-2026-01-02_03-04-05"
     logger = instantiate(cfg.logger.wandb)
-    assert logger._wandb_init["tags"] == ["norm:rmsnorm", "placement:pre", "lr:0.01", "precision:32-true", "seed:3"]
+    assert logger._wandb_init["tags"] == ["norm:layernorm", "placement:pre", "lr:0.01", "precision:32-true", "seed:3"]
     assert logger._wandb_init["group"] == "my_sweep-2026-01-02_03-04-05" and "anonymous" not in logger._wandb_init
 
 

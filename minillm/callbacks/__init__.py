@@ -2,6 +2,7 @@
 ``minillm.callbacks.<Class>``. Everything is measured from outside the model (DESIGN rule 8)."""
 
 from minillm.callbacks.divergence import DivergenceGuard, params_finite
+from minillm.callbacks.histograms import NormHistograms
 from minillm.callbacks.perf import PerfMonitor
 from minillm.callbacks.preemption import PreemptionCheckpoint
 from minillm.callbacks.probe import ActivationProbe, bn_stat_distance, max_attention_logit
@@ -10,6 +11,6 @@ from minillm.callbacks.sample import TextSample
 from minillm.callbacks.stability import LossSpikeDetector, StabilityMonitor, spike_scores
 from minillm.callbacks.summary import RunSummary
 
-__all__ = ["ActivationProbe", "DivergenceGuard", "LogProgress", "LossSpikeDetector", "PerfMonitor",
+__all__ = ["ActivationProbe", "DivergenceGuard", "LogProgress", "LossSpikeDetector", "NormHistograms", "PerfMonitor",
            "PreemptionCheckpoint", "RichBar", "RunSummary", "StabilityMonitor", "TextSample", "bn_stat_distance",
            "max_attention_logit", "params_finite", "progress_bar", "spike_scores"]

@@ -139,8 +139,12 @@ class RunSummary(L.Callback):
             summary = {**json.loads(path.read_text()), **new}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=False) + "\n")
+        summary = _json_safe(summary)
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
         tmp.replace(path)
+        for logger in trainer.loggers:  # W&B's run summary shows the same numbers (minillm.loggers)
+            if hasattr(logger, "record_summary"):
+                logger.record_summary(summary)
         return path
 
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
