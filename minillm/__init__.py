@@ -2,6 +2,6 @@
 
 from minillm.model import ModelConfig, Transformer
 from minillm.norms import NORMS, build_norm
+from minillm.version import __version__
 
-__all__ = ["NORMS", "ModelConfig", "Transformer", "build_norm"]
-__version__ = "0.1.0"
+__all__ = ["NORMS", "ModelConfig", "Transformer", "__version__", "build_norm"]

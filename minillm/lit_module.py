@@ -16,6 +16,7 @@ from minillm.checkpointing import check_model_config
 from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.model import ModelConfig, Transformer
 from minillm.outcome import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS
+from minillm.version import provenance
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
 
@@ -141,9 +142,9 @@ class LitLM(L.LightningModule):
         check_model_config((checkpoint.get("hyper_parameters") or {}).get("model"), self.hparams["model"])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Also record the W&B run id, so a resumed run continues the same W&B run."""
+        """Also record the W&B run id (a resumed run continues the same W&B run), minillm's version and commit."""
         wandb_id = next((lg.version for lg in self.trainer.loggers if isinstance(lg, WandbLogger)), None)
-        checkpoint["minillm"] = {"wandb_run_id": wandb_id}
+        checkpoint["minillm"] = {"wandb_run_id": wandb_id, **provenance()}
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch)

@@ -42,6 +42,7 @@ from minillm.config import (
 from minillm.lit_module import lr_lambda
 from minillm.model import PLACEMENTS, ModelConfig
 from minillm.norms import norm_options
+from minillm.version import provenance
 
 log = logging.getLogger("minillm")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
@@ -323,8 +324,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     n_params = module.model.num_params()
     log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, placement={model_cfg.placement}; "
              f"run directory {cfg.paths.output_dir}")
-    hparams = OmegaConf.to_container(cfg, resolve=True)
-    hparams["n_params"] = n_params
+    hparams = {**OmegaConf.to_container(cfg, resolve=True), "n_params": n_params, **provenance()}
     for logger in trainer.loggers:
         logger.log_hyperparams(hparams)
 

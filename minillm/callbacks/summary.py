@@ -20,6 +20,7 @@ from minillm.callbacks.common import find_callback, last_step
 from minillm.callbacks.divergence import DivergenceGuard
 from minillm.callbacks.stability import StabilityMonitor
 from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed
+from minillm.version import provenance
 
 
 class RunSummary(L.Callback):
@@ -213,6 +214,7 @@ class RunSummary(L.Callback):
             "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
+            **provenance(),
         })
         return s
 

@@ -1,0 +1,81 @@
+"""Every use of a library's private API, in one place, each with a test in tests/test_compat.py that fails
+loudly when the library changes (instead of a guard that would turn an upgrade into a silent no-op).
+
+Lightning and torch are pinned to tested ranges in pyproject.toml; these are what an upgrade must re-check.
+Also relied on, outside this module: Lightning's ``RichProgressBar._get_train_description`` (overridden in
+minillm/callbacks/progress.py) and WandbLogger's ``_wandb_init`` / ``_experiment`` / ``_offline``
+(minillm/loggers.py); tests/test_compat.py checks that both still exist. No Lightning import at module level:
+the model's code (minillm/distributed.py) uses this module too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    import lightning as L
+
+
+def all_reduce_sum_differentiable(t: Tensor) -> Tensor:
+    """Sum over the default process group with an autograd rule (backward: the sum of the gradients) that
+    torch.compile can trace: torch's functional collectives (private module, torch >= 2.10)."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", dist.group.WORLD))
+
+
+def grad_scaler_scale(scaler: torch.amp.GradScaler) -> Tensor | None:
+    """The GradScaler's current scale as the tensor it keeps on the device (``get_scale()`` would copy it to
+    the host, a device sync every step); None before its first step."""
+    return scaler._scale
+
+
+def validation_due(trainer: L.Trainer) -> bool:
+    """Whether Lightning will run a validation after the training batch that just ended (its own rule:
+    ``_should_check_val_fx``, which also covers epoch ends, time intervals and early stops)."""
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def request_stop(trainer: L.Trainer) -> None:
+    """Set the flag Lightning's SIGTERM handler sets: its loops stop after the current step (raising
+    SIGTERMException). Set directly, because another library may own the SIGTERM handler (submitit does)."""
+    trainer._signal_connector.received_sigterm = True
+
+
+def in_forked_worker(trainer: L.Trainer) -> bool:
+    """Whether this process is one of those Lightning's fork/spawn launcher started (trainer=ddp_cpu): there the
+    fit runs without Lightning's exception handling (no on_exception hooks; a SIGTERMException would end the
+    process with code 0 while the launching process waits for its results forever)."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+
+
+def interrupt(trainer: L.Trainer, exception: BaseException) -> None:
+    """What Lightning does with an exception raised during fit (every callback's on_exception, the
+    datamodule's and the strategy's, loggers finalized), for the processes where it does not (see above)."""
+    from lightning.pytorch.trainer.call import _interrupt
+
+    _interrupt(trainer, exception)
+
+
+def as_saved_at_the_end_of_the_step(checkpoint: dict) -> None:
+    """A checkpoint saved when the next step has fetched its batch but not started: record that batch as never
+    fetched, so Lightning resumes it as a checkpoint saved when the previous step ended (it resets only the
+    current epoch's counters on resume, and a total count one ahead would shift its validation schedule)."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    for counts in (progress["total"], progress["current"]):
+        counts["ready"] = counts["started"]
+
+
+def store_one_logged_step_less(checkpoint: dict) -> None:
+    """When Lightning resumes a checkpoint that was not saved at the end of a step with no validation in it, it
+    adds one to the count of steps it has logged (ModelCheckpoint saves before the step's count is made).
+    For a checkpoint whose count is complete, store one less, so the resumed run logs its steps at the same
+    indices as an uninterrupted run (Lightning 2.6 layout)."""
+    state = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
+    state["_batches_that_stepped"] -= 1

@@ -1,0 +1,117 @@
+"""DivergenceGuard: a diverging run stops cleanly and is marked diverged (divergence is a result)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from minillm.callbacks.common import last_step, log_metrics, train_loss
+from minillm.config import check_bool, check_int, check_number
+from minillm.outcome import DIVERGED
+
+
+def params_finite(module: nn.Module) -> bool:
+    """True when every parameter of module is finite.
+
+    Fast path: one fp32 sum per parameter (NaN or inf anywhere makes it non-finite; ~10x cheaper than
+    isfinite().all(), which allocates a mask), one device sync; only a non-finite sum (which a huge but
+    finite tensor could also give) is confirmed element-wise.
+    """
+    params = [p.detach() for p in module.parameters()]
+    if not params or bool(torch.stack([p.sum(dtype=torch.float32) for p in params]).isfinite().all()):
+        return True
+    return all(bool(p.isfinite().all()) for p in params)
+
+
+
+class DivergenceGuard(L.Callback):
+    """Ends a diverging run cleanly: it stops, is marked diverged (step, reason), and the process goes on.
+
+    Diverged: a non-finite train loss, non-finite weights after an optimizer step (``check_weights``: one
+    fp32 sum per parameter per step, see params_finite; also checked before validations and at the end), or a
+    train loss above the ceiling for ``patience`` consecutive steps (ceiling = ``max_loss``, or
+    ``max_loss_factor * ln(vocab_size)`` when max_loss is null). On divergence every ModelCheckpoint stops
+    saving (save_top_k=0, save_last=False), so best.ckpt / last.ckpt keep the last good weights.
+    """
+
+    def __init__(self, max_loss: float | None = None, max_loss_factor: float | None = 1.5, patience: int = 20,
+                 check_weights: bool = True):
+        check_number("callbacks.divergence.max_loss", max_loss, low=0.0, low_open=True, optional=True)
+        check_number("callbacks.divergence.max_loss_factor", max_loss_factor, low=0.0, low_open=True, optional=True)
+        check_int("callbacks.divergence.patience", patience, low=1)
+        check_bool("callbacks.divergence.check_weights", check_weights)
+        self.max_loss, self.max_loss_factor = max_loss, max_loss_factor
+        self.patience, self.check_weights = patience, check_weights
+        self.ceiling: float | None = max_loss
+        self.diverged, self.step, self.reason = False, None, None
+        self._over, self._step = 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Consecutive steps above the ceiling so far (and the verdict), so a resumed run keeps counting."""
+        return {"over": self._over, "diverged": self.diverged, "step": self.step, "reason": self.reason}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._over, self.diverged = state["over"], state["diverged"]
+        self.step, self.reason = state["step"], state["reason"]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        cfg = getattr(getattr(pl_module, "model", None), "cfg", None)
+        if self.max_loss is None and self.max_loss_factor is not None and cfg is not None:
+            self.ceiling = self.max_loss_factor * math.log(cfg.vocab_size)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = train_loss(outputs)
+        if loss is None or self.diverged:
+            return
+        value, reason = float(loss.detach()), None
+        if not math.isfinite(value):
+            reason = f"non-finite train loss ({value})"
+        elif self.check_weights and not params_finite(pl_module):
+            reason = "non-finite weights after the optimizer step"
+        elif self.ceiling is not None and value > self.ceiling:
+            self._over += 1
+            if self._over >= self.patience:
+                reason = f"train loss above {self.ceiling:.4g} for {self._over} consecutive steps"
+        else:
+            self._over = 0
+        # every process stops at the same step (losses are per process): one all-reduce under DDP
+        if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
+            reason = reason or "another process diverged"
+        if reason is not None:
+            self.trip(trainer, reason)
+
+    def _check_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Safety net before anything can save a checkpoint (the per-step check is in on_train_batch_end)."""
+        if self.check_weights and not self.diverged and not params_finite(pl_module):
+            self._step = last_step(trainer)
+            self.trip(trainer, "non-finite weights")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check_weights(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_weights(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_weights(trainer, pl_module)
+
+    def trip(self, trainer: L.Trainer, reason: str) -> None:
+        """Mark the run diverged at the current step, stop it and freeze the checkpoints."""
+        self.diverged, self.step, self.reason = True, self._step, reason
+        trainer.should_stop = True
+        for ckpt in trainer.checkpoint_callbacks:
+            ckpt.save_top_k, ckpt.save_last = 0, False
+        log_metrics(trainer, {DIVERGED: 1.0}, self._step)
+        rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping, checkpoints kept as they are")
+

@@ -1,0 +1,70 @@
+"""NormHistograms: W&B histograms of every norm's gain and of the activations it normalizes."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from torch import Tensor, nn
+
+from minillm.callbacks.common import last_step
+from minillm.callbacks.probe import NORM_TYPES
+from minillm.callbacks.stability import _eager
+from minillm.config import check_int
+
+
+class NormHistograms(L.Callback):
+    """Every ``every_n_steps`` steps, per norm site: a histogram of the effective gain and one of a sample of
+    the inputs (``max_values`` values of the step's first micro-batch). W&B only: without a W&B logger it does
+    nothing (the CSV log has the sites' summary statistics, ``norm/<site>/...``)."""
+
+    def __init__(self, every_n_steps: int = 200, max_values: int = 4096):
+        check_int("callbacks.histograms.every_n_steps", every_n_steps, low=1)
+        check_int("callbacks.histograms.max_values", max_values, low=1)
+        self.every_n_steps, self.max_values = every_n_steps, max_values
+        self._handles: list = []
+        self._inputs: dict[str, Tensor] = {}
+
+    @staticmethod
+    def _wandb(trainer: L.Trainer) -> WandbLogger | None:
+        return next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._handles or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        if self._wandb(trainer) is None:
+            return
+        model = getattr(pl_module, "model", pl_module)
+        for name, module in model.named_modules():
+            if isinstance(module, NORM_TYPES):
+                self._handles.append(module.register_forward_pre_hook(partial(self._keep_input, name)))
+        _eager(pl_module, True)
+
+    @torch.no_grad()
+    def _keep_input(self, name: str, module: nn.Module, args: tuple) -> None:
+        if name not in self._inputs:  # the first micro-batch's
+            self._inputs[name] = args[0].detach().flatten()[: self.max_values].float().cpu()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self._handles or (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        import wandb
+
+        model = getattr(pl_module, "model", pl_module)
+        logged: dict[str, Any] = {}
+        for name, module in model.named_modules():
+            if name in self._inputs:
+                logged[f"hist/{name}/input"] = wandb.Histogram(self._inputs[name].numpy())
+                gain = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
+                if gain is not None:
+                    logged[f"hist/{name}/gain"] = wandb.Histogram(gain.detach().float().cpu().numpy())
+        self._inputs.clear()
+        self._wandb(trainer).experiment.log({**logged, "trainer/global_step": last_step(trainer)})

@@ -1,0 +1,115 @@
+"""Progress output: a rich bar on a terminal, plain log lines elsewhere (a SLURM .out file, nohup, CI).
+
+``progress_bar(mode="auto")`` picks by whether stdout is a terminal. The plain lines go through logging (so
+they are in train.log too), at most every ``interval_s`` seconds plus the first and the last step:
+
+    step 400/1600 (25%) | train/loss 1.9310 | lr 2.97e-03 | 14.6k tok/s | elapsed 0:01:02 | ETA 0:03:07
+
+Both report each validation as a log line (``validation after step 400: val/loss 1.9310, ...``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+from minillm.callbacks.common import train_loss
+from minillm.config import check_choice, check_number
+from minillm.outcome import TRAIN_LOSS
+
+log = logging.getLogger("minillm.progress")
+MODES = ("auto", "rich", "plain")
+
+
+def progress_bar(mode: str = "auto", interval_s: float = 30.0) -> ProgressBar:
+    """The rich bar on a terminal (mode auto or rich), else plain log lines (auto or plain)."""
+    check_choice("callbacks.progress_bar.mode", mode, MODES)
+    check_number("callbacks.progress_bar.interval_s", interval_s, low=0.0)
+    rich = mode == "rich" or (mode == "auto" and sys.stdout.isatty())
+    return RichBar() if rich else LogProgress(interval_s)
+
+
+def log_validation(trainer: L.Trainer) -> None:
+    """One line with the validation metrics just computed (rank 0, not during the sanity check)."""
+    if trainer.sanity_checking or not trainer.is_global_zero:
+        return
+    values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if values:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(values.items()))
+        log.info(f"validation after step {trainer.global_step}: {shown}")
+
+
+class RichBar(RichProgressBar):
+    """Lightning's rich progress bar; with max_epochs=-1 (training by steps) the label is "Epoch N", not
+    "Epoch N/-2". The bar's total is already the steps left to max_steps."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        log_validation(trainer)
+
+
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(max(seconds, 0.0))))
+
+
+class LogProgress(ProgressBar):
+    """Plain progress lines for logs that are not a terminal (it also stands in for Lightning's own bar)."""
+
+    def __init__(self, interval_s: float = 30.0):
+        super().__init__()
+        self.interval_s = interval_s
+        self._enabled = True
+        self._t0 = self._t_line = 0.0
+        self._step0 = self._step_line = 0
+        self._tokens = 0
+        self._t_val: float | None = None
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = self._t_line = time.monotonic()
+        self._step0 = self._step_line = trainer.global_step  # > 0 when resumed
+        self._tokens = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        self._tokens += x.numel() * trainer.world_size
+        step, now = trainer.global_step, time.monotonic()
+        due = step == self._step0 + 1 or step >= trainer.max_steps or now - self._t_line >= self.interval_s
+        if not (self._enabled and trainer.is_global_zero and due and step > self._step_line):
+            return
+        loss = trainer.callback_metrics.get(TRAIN_LOSS, train_loss(outputs))
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else math.nan
+        rate = self._tokens / max(now - self._t_line, 1e-9)
+        per_step = (now - self._t0) / max(step - self._step0, 1)
+        total = trainer.max_steps if trainer.max_steps > 0 else step
+        log.info(f"step {step}/{total} ({100 * step / total:.0f}%) | train/loss {float(loss):.4f} | lr {lr:.2e} | "
+                 f"{rate / 1e3:.1f}k tok/s | elapsed {_clock(now - self._t0)} | "
+                 f"ETA {_clock(per_step * (total - step))}")
+        self._t_line, self._step_line, self._tokens = now, step, 0
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t_val = time.monotonic()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._t_val is not None:  # tokens/s counts training time only
+            self._t_line += time.monotonic() - self._t_val
+            self._t_val = None
+        log_validation(trainer)

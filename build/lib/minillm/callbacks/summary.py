@@ -1,0 +1,241 @@
+"""RunSummary: the run in one JSON object (summary.json), after fit, after test and on a crash."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
+from torch.multiprocessing import ProcessExitedException
+
+from minillm.callbacks.common import find_callback, last_step
+from minillm.callbacks.divergence import DivergenceGuard
+from minillm.callbacks.stability import StabilityMonitor
+from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed
+from minillm.version import provenance
+
+
+class RunSummary(L.Callback):
+    """Writes ``summary.json`` to ``trainer.default_root_dir`` after fit, after test, and on a crash.
+
+    One flat JSON object (non-finite numbers written as null):
+      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim,
+               n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
+               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
+               unigram_loss (val loss of the train split's unigram frequencies, from the datamodule)
+      results  status (completed | diverged | failed | preempted: stopped by a signal, to be resumed; failed is
+               null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, diverged,
+               diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,
+               spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale, tokens,
+               train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir
+    A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
+    in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
+    Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
+    indices, as the ``step`` column of csv/metrics.csv (a validation after k steps is at index k - 1).
+    diverged and failed are minillm.outcome's rule (EXPERIMENTS.md): diverged = DivergenceGuard stopped the
+    run, or the final val loss is not finite or >= ln V; failed = diverged, crashed (status failed), never
+    validated, or a final val loss >= unigram_loss.
+    max_grad_norm and nonfinite_grad_steps cover every step; the other StabilityMonitor maxima its measured
+    steps. ``config`` (from the YAML, e.g.
+    ``seed: ${seed}``) is written as given; the rest is read from the module, the trainer's optimizer and
+    the other callbacks.
+    """
+
+    def __init__(self, filename: str = "summary.json", config: dict | None = None):
+        self.filename, self.config = filename, dict(config or {})
+        self._t0 = time.time()
+        self._fit_seen = False
+        self.val_history: list[tuple[int, float]] = []
+        self.tokens, self.batch_shape = 0, None
+        self._t_train: float | None = None  # when this process started training
+        self._val_t: float | None = None  # when the running validation started (None outside one)
+        self._val_time = 0.0  # validation seconds since _t_train
+        self._before = {"train_time": 0.0, "wall_time": 0.0}  # earlier segments of a resumed run
+        self.test_loss: float | None = None
+
+    def train_time(self) -> float:
+        """Seconds spent training (validation excluded), over every segment of the run."""
+        if self._t_train is None:
+            return self._before["train_time"]
+        now = time.time()
+        running_val = now - self._val_t if self._val_t is not None else 0.0
+        return self._before["train_time"] + now - self._t_train - self._val_time - running_val
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to summarize the whole run (plain values for weights_only loading)."""
+        return {"val_history": [list(v) for v in self.val_history], "tokens": self.tokens,
+                "batch_shape": list(self.batch_shape) if self.batch_shape else None,
+                "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
+        self.tokens = state["tokens"]
+        self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
+        self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
+
+    # timing and counting
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_seen = True
+        self._t_train, self._val_time = time.time(), 0.0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if isinstance(x, Tensor):
+            self.batch_shape = self.batch_shape or tuple(x.shape)
+            self.tokens += x.numel() * trainer.world_size
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._t_train is not None:
+            self._val_t = time.time()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._val_t is not None:
+            self._val_time += time.time() - self._val_t
+            self._val_t = None
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(VAL_LOSS)
+        if value is not None:
+            self.val_history.append((last_step(trainer), float(value)))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._before["train_time"], self._t_train = self.train_time(), None  # training is over: freeze
+
+    # writing
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module, "completed")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(TEST_LOSS)
+        self.test_loss = float(value) if value is not None else None
+        self.write(trainer, pl_module, "completed")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):  # stopped by a signal, resumable: not an outcome yet
+            self.write(trainer, pl_module, "preempted")
+        elif isinstance(exception, ProcessExitedException) and not self._fit_seen:
+            pass  # DDP's fork/spawn launcher reporting a stopped process, which wrote its own summary
+        else:
+            self.write(trainer, pl_module, "failed", error=f"{type(exception).__name__}: {exception}")
+
+    @rank_zero_only
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
+              error: str | None = None) -> Path:
+        path = Path(trainer.default_root_dir) / self.filename
+        summary = self.build(trainer, pl_module, status, error)
+        if not self._fit_seen and path.exists():
+            # a test pass that did not see the fit (train=false, or the fit ran in other processes: DDP's fork
+            # and spawn launchers) adds its result to the fit's summary and changes nothing else
+            new = {"test_loss": summary["test_loss"], **({"test_error": error} if error else {})}
+            summary = {**json.loads(path.read_text()), **new}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        summary = _json_safe(summary)
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)
+        for logger in trainer.loggers:  # W&B's run summary shows the same numbers (minillm.loggers)
+            if hasattr(logger, "record_summary"):
+                logger.record_summary(summary)
+        return path
+
+    def build(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str,
+              error: str | None = None) -> dict[str, Any]:
+        """The summary as a flat dict (fields in the class docstring)."""
+        model = getattr(pl_module, "model", pl_module)
+        cfg = getattr(model, "cfg", None)
+        hp = getattr(pl_module, "hparams", {})
+        group = trainer.optimizers[0].param_groups[0] if trainer.optimizers else {}
+        opt_kw = {"lr": group.get("initial_lr", group.get("lr")), "weight_decay": group.get("weight_decay")}
+        sched = getattr(pl_module, "scheduler_factory", None) or hp.get("scheduler")
+        sched_kw = getattr(sched, "keywords", None) or {}
+        vocab = getattr(cfg, "vocab_size", None)
+        loss_init = math.log(vocab) if vocab else None
+        s: dict[str, Any] = {
+            "name": None, "norm": getattr(cfg, "norm", None), "placement": getattr(cfg, "placement", None),
+            "lr": opt_kw.get("lr"), "warmup_steps": sched_kw.get("warmup_steps"),
+            "precision": str(trainer.precision), "seed": _env_int("PL_GLOBAL_SEED"),
+        }
+        s.update(self.config)
+        s["precision_used"] = str(trainer.precision)
+        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "qk_norm", "vocab_size", "max_seq_len",
+                    "norm_eps", "tie_embeddings"):
+            s[key] = getattr(cfg, key, None)
+        s.update({
+            "norm_options": dict(getattr(cfg, "norm_options", None) or {}),
+            "weight_decay": opt_kw.get("weight_decay"), "z_loss": hp.get("z_loss"),
+            "grad_clip": trainer.gradient_clip_val, "max_steps": trainer.max_steps,
+            "batch_size": self.batch_shape[0] if self.batch_shape else None,
+            "seq_len": self.batch_shape[1] if self.batch_shape and len(self.batch_shape) > 1 else None,
+            "n_params": model.num_params() if hasattr(model, "num_params") else
+            sum(p.numel() for p in model.parameters()),
+            "loss_init": loss_init,
+            "unigram_loss": getattr(trainer.datamodule, "unigram_loss", None) if trainer.datamodule else None,
+        })
+        finite_vals = [(st, v) for st, v in self.val_history if math.isfinite(v)]
+        best = min(finite_vals, key=lambda sv: sv[1]) if finite_vals else (None, None)
+        final_val = self.val_history[-1][1] if self.val_history else None
+        guard = find_callback(trainer, DivergenceGuard)
+        tripped = bool(guard and guard.diverged)
+        diverged = is_diverged(tripped, final_val, loss_init)
+        step, reason = (guard.step, guard.reason) if tripped else (None, None)
+        if diverged and not tripped:
+            step, reason = last_step(trainer), f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
+        monitor = find_callback(trainer, StabilityMonitor)
+        train_time = self.train_time()
+        s.update({
+            "status": "diverged" if diverged and status == "completed" else status,
+            "error": error,
+            "steps": trainer.global_step,
+            "final_val_loss": final_val, "best_val_loss": best[1], "best_val_step": best[0],
+            "test_loss": self.test_loss,
+            "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
+            "stopped_early": tripped,
+            "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
+            "max_grad_norm": getattr(monitor, "max_grad_norm", None),
+            "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),
+            "spike_count": getattr(monitor, "spike_count", None),
+            "max_attn_logit": getattr(monitor, "max_attn_logit", None),
+            "max_abs_h": getattr(monitor, "max_abs_h", None),
+            "max_log_z": getattr(monitor, "max_log_z", None),
+            "skipped_steps": monitor.skipped_steps if monitor else None,
+            "amp_scale": getattr(monitor, "amp_scale", None),
+            "tokens": self.tokens,
+            "train_time_s": round(train_time, 3),
+            "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
+            "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
+            "run_dir": str(trainer.default_root_dir),
+            **provenance(),
+        })
+        return s
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") and value.lstrip("-").isdigit() else None
+
+
+def _json_safe(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null, mappings dicts, sequences lists, other objects strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return _json_safe(value.item())
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+

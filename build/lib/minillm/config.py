@@ -1,0 +1,81 @@
+"""Bad input fails early, in one line: ConfigError and the checks shared by every component.
+
+Each component checks its own arguments when it is built (ModelConfig, the norms, TextDataModule, LitLM, the
+callbacks), with the helpers below, so a bad value fails before anything trains, with a message that names the
+field, the value and what is allowed. train.py reports a ConfigError (and its subclasses DataError and
+CheckpointError) as ``<what>: <message>`` with exit code 2; every other exception is a bug and keeps its
+traceback. Plain Python: no Hydra, no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A value in the run's configuration that cannot work: reported as one line, exit code 2."""
+
+    what = "config error"
+
+
+class DataError(ConfigError):
+    """Input data that cannot be used (a file, a corpus, the token cache): one line naming the file."""
+
+    what = "data error"
+
+
+def invalid(field: str, value: Any, allowed: str) -> ConfigError:
+    """The one message format: ``<field>=<value> is invalid; allowed: <what is allowed>``."""
+    return ConfigError(f"{field}={value!r} is invalid; allowed: {allowed}")
+
+
+def check_int(field: str, value: Any, low: int | None = None, high: int | None = None,
+              optional: bool = False) -> None:
+    """An int (not a bool) within [low, high]; None passes when optional."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) or (
+            high is not None and value > high):
+        bounds = " and ".join(b for b in (f">= {low}" if low is not None else "",
+                                          f"<= {high}" if high is not None else "") if b)
+        raise invalid(field, value, f"an integer{' ' + bounds if bounds else ''}{' or null' if optional else ''}")
+
+
+def check_number(field: str, value: Any, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, optional: bool = False) -> None:
+    """A finite int or float within [low, high] ((low, high] with low_open); None passes when optional."""
+    if optional and value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        parts = [f"{'>' if low_open else '>='} {low:g}" if low is not None else "",
+                 f"<= {high:g}" if high is not None else ""]
+        bounds = " and ".join(p for p in parts if p)
+        raise invalid(field, value, f"a finite number{' ' + bounds if bounds else ''}"
+                                    f"{' or null' if optional else ''}")
+
+
+def check_choice(field: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        raise invalid(field, value, ", ".join(str(a) for a in allowed))
+
+
+def check_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise invalid(field, value, "true or false")
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,-]*")
+
+
+def check_name(field: str, value: Any, optional: bool = False) -> None:
+    """A folder name: letters, digits and . _ = + , - (no slash, no spaces)."""
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise invalid(field, value, "a folder name of letters, digits and . _ = + , - (no / or spaces)")

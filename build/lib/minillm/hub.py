@@ -1,0 +1,89 @@
+"""Load a trained minillm model outside train.py: from a Lightning checkpoint, or from a Hub-mixin folder.
+
+``load_checkpoint(path)`` is the one loader of export.py and sample.py. ``MinillmHub`` saves any minillm model
+(every norm and placement) as config.json + model.safetensors through ``huggingface_hub.PyTorchModelHubMixin``.
+"""
+# no `from __future__ import annotations`: the Hub mixin reads the ModelConfig annotation of __init__ as a type
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin
+
+from minillm.checkpointing import INTERCHANGEABLE_NORMS, CheckpointError
+from minillm.data import Tokenizer, tokenizer_from_state
+from minillm.model import ModelConfig, Transformer
+
+DATAMODULE_KEY = "TextDataModule"  # Lightning stores a datamodule's state_dict() under its class name
+
+
+def _unfused(model: dict) -> dict:
+    """The config with fused_rmsnorm as rmsnorm: same state_dict and function, and it runs without Triton."""
+    plain = lambda n: "rmsnorm" if n in INTERCHANGEABLE_NORMS else n  # noqa: E731
+    layers = model.get("layers")
+    layers = [{**s, **({"norm": plain(s["norm"])} if "norm" in s else {})} for s in layers] if layers else layers
+    return {**model, "norm": plain(model.get("norm")), "layers": layers}
+
+
+def _tokenizer_state(ckpt: dict) -> dict | None:
+    """The tokenizer state of the checkpoint's datamodule (TextDataModule first, else any datamodule state)."""
+    states = [ckpt.get(DATAMODULE_KEY)] + [v for k, v in ckpt.items() if k != DATAMODULE_KEY]
+    return next((s["tokenizer"] for s in states if isinstance(s, dict) and isinstance(s.get("tokenizer"), dict)),
+                None)
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer,
+                                                                                         dict[str, Any]]:
+    """A minillm Lightning checkpoint -> (Transformer in eval mode, tokenizer, meta).
+
+    meta: ``model`` (the ModelConfig dict as trained, fused_rmsnorm kept), ``global_step``, ``epoch``,
+    ``hyper_parameters`` and ``path``. A fused_rmsnorm model is built with rmsnorm (identical weights and
+    function), so it loads on any machine. Raises CheckpointError (a ValueError) with one readable line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory (a sharded checkpoint? consolidate it first)" if path.is_dir() else "does not exist"
+        raise CheckpointError(f"checkpoint {str(path)!r} {what}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))  # torch's message is long
+        reason = detail.group(1) if detail else (str(err).strip().splitlines() or [""])[0]
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {reason[:160]}); "
+                              "it is not a checkpoint written by torch.save, or it is truncated") from None
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    model_cfg = hparams.get("model") if isinstance(hparams, dict) else None
+    if not isinstance(model_cfg, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise CheckpointError(f"{str(path)!r} is not a minillm checkpoint (no state_dict and "
+                              "hyper_parameters['model'] written by minillm's LitLM)")
+    tok_state = _tokenizer_state(ckpt)
+    if tok_state is None:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: saved without its datamodule "
+                              f"(checkpoint[{DATAMODULE_KEY!r}]['tokenizer'])")
+    model = Transformer(ModelConfig(**_unfused(model_cfg)))
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r}: weights do not fit its model config "
+                              f"({str(err).splitlines()[0]})") from None
+    meta = {"model": model_cfg, "global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch"),
+            "hyper_parameters": hparams, "path": str(path)}
+    return model.to(device).eval(), tokenizer_from_state(tok_state), meta
+
+
+class MinillmHub(Transformer, PyTorchModelHubMixin, library_name="minillm", tags=["minillm"]):
+    """A Transformer with ``save_pretrained`` / ``from_pretrained`` (config.json: the ModelConfig fields).
+
+    ``MinillmHub.from_pretrained(folder)`` loads strictly: a missing or unexpected weight is an error.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+
+    @classmethod
+    def _from_pretrained(cls, *, strict: bool = True, **kwargs: Any) -> "MinillmHub":
+        return super()._from_pretrained(strict=strict, **kwargs)

@@ -1,0 +1,517 @@
+"""Fused RMSNorm in Triton (forward, dx, dW) and the pure-PyTorch reference it is tested against.
+
+    y = x * rstd * (w + offset),   rstd = 1 / sqrt(mean(x^2) + eps)   over the last dim, reduced in fp32.
+
+cast="fp32":  the product is taken in fp32 and cast to x's dtype once at the end.
+cast="llama": x_hat = x * rstd is cast to x's dtype, then multiplied by (w + offset) cast to x's dtype
+              (LLaMA's order; minillm.norms.RMSNorm does the same).
+offset=1.0 serves the zero-centered gain, where the stored weight is w - 1.
+
+Kernel layout (shared/KERNELS.md has the reasoning and the traps):
+  forward   one row per program, BLOCK = next pow2 >= hidden (masked), fp32 sum of squares, rstd saved
+            (fp32, one per row). Rows wider than MAX_FUSED_HIDDEN loop over LOOP_BLOCK chunks in two passes.
+  backward  one pass: a persistent grid of P programs (bwd_config: programs per SM x SMs), each walking blocks
+            of ROWS rows; x and dy are read once per row, x_hat is recomputed from the saved rstd, dx is
+            written to a new tensor (never over dy) and dW += dy * x_hat accumulates in fp32 registers. Each
+            program writes its row of a (P, hidden) fp32 buffer (every row written, zeros when it had no rows);
+            one fp32 sum(0), then a cast to the weight dtype. Bytes: read x, dy (2*M*N*es), write dx (M*N*es).
+  wide rows above MAX_ONEPASS_HIDDEN (the dW accumulator no longer fits in registers): a dx kernel (one row
+            per program, looped over LOOP_BLOCK chunks when wider than MAX_FUSED_HIDDEN) and a dW kernel on a
+            grid of (row groups x column tiles); they read x and dy twice (5*M*N*es bytes instead of 3).
+Rows use 64-bit offsets, eps and offset are cast to fp32 inside the kernels, only block sizes and the cast
+mode are constexpr. The kernels are registered as ``minillm::rms_norm_fwd`` / ``minillm::rms_norm_bwd``
+(``torch.library.triton_op`` on a GPU, an opaque ``custom_op`` under the interpreter), with autograd, so
+torch.compile traces them without a graph break. Outside torch.compile, ``fused_rms_norm`` calls the same
+kernels through a plain ``torch.autograd.Function`` (no custom-op dispatch on every eager call).
+
+This is the only module of minillm that imports triton; without triton it still imports, and
+``require_fused()`` says what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # minillm must import without triton; require_fused() explains
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+CASTS = ("fp32", "llama")
+MAX_FUSED_HIDDEN = 16384  # widest row the forward holds in registers as one block; wider rows loop
+MAX_ONEPASS_HIDDEN = 8192  # widest row of the one-pass backward (its dW accumulator lives in registers;
+#                            at 16K it spills even with 32 warps, so wider rows take the two-kernel path)
+LOOP_BLOCK = 4096  # chunk width of the looped kernels
+DW_BLOCK_ROWS = 32  # wide-row dW tile: rows per step
+DW_BLOCK_COLS = 128  # wide-row dW tile: columns per program
+DW_PROGRAMS_PER_SM = 4  # wide-row dW grid per SM: 72 registers x 128 threads would allow 7 (sm_90 compile)
+INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
+
+# One-pass backward tunables by row block (BLOCK = next pow2 >= hidden, up to MAX_ONEPASS_HIDDEN):
+# (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES). Each thread holds
+# ROWS * BLOCK / (32 * num_warps) = 8-16 elements of x, of dy and of the fp32 dW accumulator. Programs per SM:
+# what one SM's 64K registers hold, from the register count of an offline sm_90 compile of the kernel as it
+# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 116 / 116
+# registers from BLOCK 256 to 8192 with Triton 3.9, 103 / 115 / 96 / 64 / 114 / 114 with Triton 3.6 (the GPU
+# image's); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill or on
+# programs per SM that do not fit. STAGES > 1 prefetches the next rows into shared memory (cp.async) while the
+# current row is reduced: the wide rows have only 1-2 programs per SM to hide memory latency with.
+# Not yet timed on a GPU: experiments/kernel_bench/bench.py --tune times the alternatives.
+BWD_CONFIGS = (
+    (256, 8, 4, 4, 1),
+    (512, 4, 4, 4, 1),
+    (1024, 2, 4, 4, 1),
+    (2048, 1, 8, 4, 1),
+    (4096, 1, 8, 2, 2),
+    (8192, 1, 16, 1, 2),
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reference
+
+
+def _check_cast(cast: str) -> None:
+    if cast not in CASTS:
+        raise ValueError(f"cast={cast!r} is not valid; allowed: {', '.join(CASTS)}")
+
+
+def reference_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0,
+                       cast: str = "fp32") -> Tensor:
+    """Pure-PyTorch RMSNorm with the kernel's semantics; math in fp32 (fp64 when x is fp64)."""
+    _check_cast(cast)
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xa = x.to(acc)  # (..., N)
+    x_hat = xa * torch.rsqrt(xa.pow(2).mean(-1, keepdim=True) + eps)  # (..., N)
+    gain = weight.to(acc) + offset  # (N,)
+    if cast == "llama":
+        return x_hat.to(x.dtype) * gain.to(x.dtype)
+    return (x_hat * gain).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Triton kernels (defined only when triton imports)
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _gain(W, cols, mask, offset, dtype: tl.constexpr, LLAMA: tl.constexpr):
+        """(w + offset) in fp32; rounded through x's dtype in llama mode."""
+        gain = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + tl.cast(offset, tl.float32)
+        if LLAMA:
+            gain = gain.to(dtype).to(tl.float32)
+        return gain
+
+    @triton.jit
+    def _out(x_hat, gain, dtype: tl.constexpr, LLAMA: tl.constexpr):
+        """y in fp32 before the final cast to x's dtype."""
+        if LLAMA:
+            x_hat = x_hat.to(dtype).to(tl.float32)
+        return x_hat * gain
+
+    @triton.jit
+    def _fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, offset,
+                    LLAMA: tl.constexpr, BLOCK: tl.constexpr):
+        """One row per program, the whole row in one masked block."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + tl.cast(eps, tl.float32))  # scalar
+        tl.store(RSTD + row, rstd)
+        gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
+        y = _out(x * rstd, gain, X.dtype.element_ty, LLAMA)
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _fwd_loop_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, offset,
+                         LLAMA: tl.constexpr, BLOCK: tl.constexpr):
+        """One row per program for rows wider than one block: sum of squares, then scale, in chunks."""
+        row = tl.program_id(0).to(tl.int64)
+        x_row = X + row * stride_x
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, N, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)  # (BLOCK,)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
+        tl.store(RSTD + row, rstd)
+        for start in range(0, N, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < N
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
+            y = _out(x * rstd, gain, X.dtype.element_ty, LLAMA)
+            tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _bwd_kernel(DY, X, W, RSTD, DX, PARTIAL, stride_dy, stride_x, stride_dx, M, N, offset,
+                    LLAMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
+        """One pass: program p takes row blocks p, p + P, p + 2P, ... (ROWS rows each) of a grid of P programs,
+        writes dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain, and PARTIAL[p] = sum of dy * x_hat."""
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        col_mask = cols < N
+        gain = _gain(W, cols, col_mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
+        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        for r0 in tl.range(pid * ROWS, M, tl.num_programs(0) * ROWS, num_stages=STAGES):
+            rows = (r0 + tl.arange(0, ROWS)).to(tl.int64)  # (ROWS,)
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]  # (ROWS, BLOCK)
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]  # (ROWS, 1)
+            x_hat = x * rstd
+            g = dy * gain[None, :]
+            c = tl.sum(g * x_hat, axis=1)[:, None] / N  # (ROWS, 1)
+            dx = (g - x_hat * c) * rstd
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            acc += dy * _out(x_hat, 1.0, X.dtype.element_ty, LLAMA)
+        # every program writes its row, zeros when it had no rows: the buffer can come from torch.empty
+        tl.store(PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+    @triton.jit
+    def _bwd_dx_kernel(DY, X, W, RSTD, DX, stride_dy, stride_x, stride_dx, N, offset,
+                       LLAMA: tl.constexpr, BLOCK: tl.constexpr):
+        """Wide rows: dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain; one row per program."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        x_hat = x * rstd
+        g = dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
+        c = tl.sum(g * x_hat, axis=0) / N  # scalar
+        dx = (g - x_hat * c) * rstd
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _bwd_dx_loop_kernel(DY, X, W, RSTD, DX, stride_dy, stride_x, stride_dx, N, offset,
+                            LLAMA: tl.constexpr, BLOCK: tl.constexpr):
+        """dx for rows wider than one block: mean(g * x_hat), then dx, in chunks."""
+        row = tl.program_id(0).to(tl.int64)
+        x_row = X + row * stride_x
+        dy_row = DY + row * stride_dy
+        rstd = tl.load(RSTD + row)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, N, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < N
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA) * (x * rstd)
+        c = tl.sum(acc, axis=0) / N
+        for start in range(0, N, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < N
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+            g = dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
+            dx = (g - x * rstd * c) * rstd
+            tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _bwd_dw_kernel(DY, X, RSTD, PARTIAL, stride_dy, stride_x, M, N, rows_per_program,
+                       LLAMA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+        """Wide rows: program (p, c) writes PARTIAL[p, tile c] = sum over the rows of group p of dy * x_hat."""
+        group = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)  # (BLOCK_COLS,)
+        col_mask = cols < N
+        row_start = group * rows_per_program
+        row_end = tl.minimum(row_start + rows_per_program, M)
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=tl.float32)
+        for r0 in range(row_start, row_end, BLOCK_ROWS):
+            rows = r0 + tl.arange(0, BLOCK_ROWS)  # (BLOCK_ROWS,)
+            row_mask = rows < row_end
+            rows64 = rows.to(tl.int64)
+            mask = row_mask[:, None] & col_mask[None, :]  # (BLOCK_ROWS, BLOCK_COLS)
+            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+            rstd = tl.load(RSTD + rows64, mask=row_mask, other=0.0)  # (BLOCK_ROWS,)
+            x_hat = _out(x.to(tl.float32) * rstd[:, None], 1.0, X.dtype.element_ty, LLAMA)
+            acc += dy.to(tl.float32) * x_hat
+        # every program writes its tile, zeros when its group is empty: the buffer can come from torch.empty
+        tl.store(PARTIAL + group.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# launch helpers: `launch` is _direct (eager: call the kernel) or _traced (the custom ops: wrap_triton)
+
+
+def _built_for_interpreter() -> tuple[bool, bool]:
+    """(our kernels were built for the interpreter, so were Triton's own jit helpers such as tl.sum's)."""
+    if not HAS_TRITON:
+        return False, False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    helper = getattr(getattr(tl, "standard", None), "_sum_combine", None)
+    ours = isinstance(_fwd_kernel, InterpretedFunction)
+    return ours, ours if helper is None else isinstance(helper, InterpretedFunction)
+
+
+_INTERPRETED, _TRITON_INTERPRETED = _built_for_interpreter()
+
+
+def _interpreting() -> bool:
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import time)."""
+    return _INTERPRETED
+
+
+def _direct(kernel):
+    return kernel
+
+
+def _traced(kernel):
+    from torch.library import wrap_triton
+
+    return wrap_triton(kernel)
+
+
+def _on_device_of(t: Tensor):
+    """Triton launches on the current CUDA device: make it t's for the launch when it is not."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def _num_warps(block: int) -> int:
+    """Forward: ~4 warps below 2K elements, 8 from 2K, 16 from 8K, 32 from 32K."""
+    return 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+
+
+def _row_block(n: int) -> tuple[int, bool]:
+    """(BLOCK, looped) for rows of n elements."""
+    if n <= MAX_FUSED_HIDDEN:
+        return triton.next_power_of_2(n), False
+    return LOOP_BLOCK, True
+
+
+def bwd_config(n: int) -> tuple[int, int, int, int]:
+    """(ROWS per iteration, num_warps, programs per SM, STAGES) of the one-pass backward for rows of n elements."""
+    block = triton.next_power_of_2(n)
+    for max_block, *config in BWD_CONFIGS:
+        if block <= max_block:
+            return tuple(config)
+    raise ValueError(f"no one-pass backward config for hidden {n} (> {BWD_CONFIGS[-1][0]})")
+
+
+def _rows(t: Tensor, n: int) -> Tensor:
+    """(..., n) -> (M, n) with unit column stride: a view when strides allow, else a contiguous copy."""
+    t2 = t.reshape(-1, n)  # (M, n)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _launch_bwd(dy2d: Tensor, x2d: Tensor, weight: Tensor, rstd: Tensor, dx2d: Tensor, partial: Tensor,
+                offset: float, llama: bool, config: tuple[int, int, int, int], launch=_direct):
+    """One-pass backward on a grid of partial.shape[0] programs: dx2d, and each program's row of partial."""
+    m, n = x2d.shape
+    rows, warps, _per_sm, stages = config
+    return launch(_bwd_kernel)[(partial.shape[0],)](
+        dy2d, x2d, weight, rstd, dx2d, partial, dy2d.stride(0), x2d.stride(0), dx2d.stride(0), m, n, offset,
+        LLAMA=llama, BLOCK=triton.next_power_of_2(n), ROWS=rows, STAGES=stages, num_warps=warps)
+
+
+def _dw_grid(m: int, n: int, sms: int) -> tuple[int, int]:
+    """Wide rows: (groups, rows_per_program) of the dW grid (groups x column tiles, ~DW_PROGRAMS_PER_SM per SM)."""
+    tiles = triton.cdiv(n, DW_BLOCK_COLS)
+    target = max(1, DW_PROGRAMS_PER_SM * sms // tiles)
+    groups = max(1, min(target, triton.cdiv(m, DW_BLOCK_ROWS)))
+    rows_per_program = triton.cdiv(triton.cdiv(m, groups), DW_BLOCK_ROWS) * DW_BLOCK_ROWS
+    return triton.cdiv(m, rows_per_program), rows_per_program
+
+
+def _launch_dw(dy2d: Tensor, x2d: Tensor, rstd: Tensor, partial: Tensor, rows_per_program: int,
+               llama: bool, launch=_direct) -> None:
+    """Wide rows: fill partial (groups, N) fp32 with per-group sums of dy * x_hat (every element written)."""
+    m, n = x2d.shape
+    grid = (partial.shape[0], triton.cdiv(n, DW_BLOCK_COLS))
+    launch(_bwd_dw_kernel)[grid](dy2d, x2d, rstd, partial, dy2d.stride(0), x2d.stride(0), m, n,
+                                 rows_per_program, LLAMA=llama, BLOCK_ROWS=DW_BLOCK_ROWS,
+                                 BLOCK_COLS=DW_BLOCK_COLS, num_warps=4)
+
+
+def _fwd_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty (y, rstd): y (..., N) contiguous in x's dtype, rstd (...,) fp32."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (..., N)
+    return y, torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)  # (...,)
+
+
+def _fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str, launch) -> tuple[Tensor, Tensor]:
+    """(y, rstd) by the forward kernel; x (..., N) with any strides, weight (N,) contiguous."""
+    n = x.shape[-1]
+    x2d, weight = _rows(x, n), weight.contiguous()  # (M, N), (N,)
+    y, rstd = _fwd_outputs(x)
+    m = x2d.shape[0]
+    if m > 0:
+        block, looped = _row_block(n)
+        args = (x2d, weight, y, rstd, x2d.stride(0), n, n, eps, offset)
+        meta = dict(LLAMA=cast == "llama", BLOCK=block, num_warps=_num_warps(block))
+        with _on_device_of(x):
+            launch(_fwd_loop_kernel if looped else _fwd_kernel)[(m,)](*args, **meta)
+    return y, rstd
+
+
+def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cast: str,
+         launch) -> tuple[Tensor, Tensor]:
+    """(dx, dweight): dx like x (contiguous, never aliasing dy), dweight like weight."""
+    n = x.shape[-1]
+    x2d, dy2d = _rows(x, n), _rows(dy, n)  # (M, N)
+    weight, rstd = weight.contiguous(), rstd.contiguous()  # (N,), (...,)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (..., N)
+    m = x2d.shape[0]
+    if m == 0:
+        return dx, torch.zeros_like(weight)
+    llama = cast == "llama"
+    with _on_device_of(x):
+        if n <= MAX_ONEPASS_HIDDEN:
+            config = bwd_config(n)
+            programs = min(config[2] * _num_sms(x.device), triton.cdiv(m, config[0]))
+            partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)  # (P, N)
+            _launch_bwd(dy2d, x2d, weight, rstd, dx.view(-1, n), partial, offset, llama, config, launch)
+        else:
+            block, looped = _row_block(n)
+            args = (dy2d, x2d, weight, rstd, dx, dy2d.stride(0), x2d.stride(0), n, n, offset)
+            meta = dict(LLAMA=llama, BLOCK=block, num_warps=_num_warps(block))
+            launch(_bwd_dx_loop_kernel if looped else _bwd_dx_kernel)[(m,)](*args, **meta)
+            groups, rows_per_program = _dw_grid(m, n, _num_sms(x.device))
+            partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)  # (groups, N)
+            _launch_dw(dy2d, x2d, rstd, partial, rows_per_program, llama, launch)
+    return dx, partial.sum(0).to(weight.dtype)  # (N,)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# custom ops (what torch.compile sees) and the eager autograd.Function
+
+
+def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> tuple[Tensor, Tensor]:
+    return _fwd(x, weight, eps, offset, cast, _traced)
+
+
+def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
+                  cast: str) -> tuple[Tensor, Tensor]:
+    return _bwd(dy, x, weight, rstd, offset, cast, _traced)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, _eps, offset, cast = inputs
+    _y, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.offset, ctx.cast = offset, cast
+
+
+def _backward(ctx, dy: Tensor, _drstd: Tensor | None):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.minillm.rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.cast)
+    return dx, dw, None, None, None
+
+
+def _register_ops() -> None:
+    """Register minillm::rms_norm_fwd / rms_norm_bwd (with autograd) for torch.compile and opcheck.
+
+    On the GPU they are ``triton_op``s, so Inductor sees the kernels. The interpreter's kernels cannot be
+    traced with fake tensors, so under TRITON_INTERPRET=1 they are opaque ``custom_op``s with explicit fake
+    implementations: same schema, same Python body, no graph break either way.
+    """
+    if _interpreting():
+        fwd = torch.library.custom_op("minillm::rms_norm_fwd", _rms_norm_fwd, mutates_args=())
+        bwd = torch.library.custom_op("minillm::rms_norm_bwd", _rms_norm_bwd, mutates_args=())
+        fwd.register_fake(lambda x, weight, eps, offset, cast: _fwd_outputs(x))
+        bwd.register_fake(lambda dy, x, weight, rstd, offset, cast: (
+            torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)))
+    else:
+        fwd = torch.library.triton_op("minillm::rms_norm_fwd", _rms_norm_fwd, mutates_args=())
+        torch.library.triton_op("minillm::rms_norm_bwd", _rms_norm_bwd, mutates_args=())
+    fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+if HAS_TRITON:
+    _register_ops()
+
+
+class _FusedRMSNormFunction(torch.autograd.Function):
+    """Eager path: the kernels of the custom ops, called directly (no dispatcher, no wrap_triton)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> Tensor:
+        y, rstd = _fwd(x, weight, eps, offset, cast, _direct)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset, ctx.cast = offset, cast
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _bwd(dy, x, weight, rstd, ctx.offset, ctx.cast, _direct)
+        return dx, dw, None, None, None
+
+
+def _eager_ok(*tensors: Tensor) -> bool:
+    """The direct path: not inside torch.compile, and plain tensors (fake, functional or other subclasses,
+    as tracers and transforms hand over, go through the registered ops)."""
+    return not torch.compiler.is_compiling() and all(type(t) in (Tensor, torch.nn.Parameter) for t in tensors)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# public API
+
+
+def require_fused() -> None:
+    """Raise RuntimeError saying what to do when the fused kernel cannot run here (no silent fallback)."""
+    if not HAS_TRITON:
+        raise RuntimeError("fused_rmsnorm needs Triton, which is not installed: pip install triton "
+                           "(or use norm=rmsnorm)")
+    if torch.cuda.is_available() and not _interpreting():
+        return
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("fused_rmsnorm needs a CUDA GPU and none is visible: run on a CUDA GPU, or set "
+                           "TRITON_INTERPRET=1 for the slow CPU interpreter (tests only), "
+                           "or use norm=rmsnorm")
+    if not _interpreting():
+        raise RuntimeError("TRITON_INTERPRET=1 was set after minillm.kernels.rmsnorm was imported, so its "
+                           "kernels were built for the GPU: set it before the first import")
+    if not _TRITON_INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton itself was imported (tl.sum and the other "
+                           "jit helpers of Triton were built for the GPU): set it before anything imports triton")
+
+
+def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, cast: str = "fp32") -> Tensor:
+    """RMSNorm of x (..., N) with gain weight (N,) + offset, by the Triton kernels; autograd gives dx, dW."""
+    _check_cast(cast)
+    if not HAS_TRITON:
+        require_fused()
+    if weight.ndim != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight of shape {tuple(weight.shape)} does not match the last dim of x "
+                         f"{tuple(x.shape)}")
+    if not (x.is_floating_point() and weight.is_floating_point()):
+        raise ValueError(f"fused_rms_norm needs floating-point x and weight, got {x.dtype}, {weight.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
+    if x.device.type != "cuda" and not _INTERPRETED:
+        raise ValueError(f"fused_rms_norm runs on CUDA tensors (x is on {x.device}): move the model to a "
+                         "CUDA GPU, or set TRITON_INTERPRET=1 before import for the CPU interpreter "
+                         "(tests only)")
+    eps, offset = float(eps), float(offset)
+    if not _eager_ok(x, weight):
+        return torch.ops.minillm.rms_norm_fwd(x, weight.contiguous(), eps, offset, cast)[0]
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _FusedRMSNormFunction.apply(x, weight, eps, offset, cast)
+    return _fwd(x, weight, eps, offset, cast, _direct)[0]

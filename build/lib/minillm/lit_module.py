@@ -1,0 +1,180 @@
+"""LightningModule: next-token loss, metrics, AdamW parameter groups and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import WandbLogger
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from minillm.checkpointing import check_model_config
+from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
+from minillm.model import ModelConfig, Transformer
+from minillm.outcome import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS
+from minillm.version import provenance
+
+SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+
+
+def lr_lambda(kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
+    """Multiplier of the peak lr at a step: linear warmup, then cosine / linear decay to min_lr_ratio,
+    constant, or inverse square root (1 / sqrt(step / warmup))."""
+    check_choice("scheduler.kind", kind, SCHEDULES)
+    check_int("scheduler.warmup_steps", warmup_steps, low=0)
+    check_int("scheduler.total_steps", total_steps, low=1)
+    check_number("scheduler.min_lr_ratio", min_lr_ratio, low=0.0, high=1.0)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        if kind == "inverse_sqrt":
+            return math.sqrt(max(warmup_steps, 1) / (step + 1))
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
+        return min_lr_ratio + (1 - min_lr_ratio) * shape
+
+    return factor
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, kind: str = "cosine", warmup_steps: int = 100,
+                    total_steps: int = 1000, min_lr_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step LambdaLR (the Hydra config passes it as a partial)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps, min_lr_ratio))
+
+
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class LitLM(L.LightningModule):
+    """Trains ``Transformer(model)`` on (x, y) token windows.
+
+    Weight decay applies to the matrices of linear layers; norm gains/biases (every 0-D and 1-D
+    parameter) and the token embedding get it only when ``decay_norms`` / ``decay_embeddings`` say so.
+    With ``compile``, training runs ``torch.compile(model.forward)``; ``eager_forward = True`` runs the model
+    uncompiled instead (StabilityMonitor sets it on the steps it measures, so its forward hooks fire: hooks
+    added to a compiled model are not seen). ``run_settings`` (plain values: optimizer, schedule, data, ...) is
+    stored in checkpoints, so a resumed run can be checked against the settings it was trained with.
+    """
+
+    def __init__(self, model: ModelConfig | dict, optimizer: Callable | None = None,
+                 scheduler: Callable | None = None, decay_norms: bool = False, decay_embeddings: bool = False,
+                 z_loss: float = 0.0, compile: bool = False, compile_backend: str = "inductor",
+                 compile_mode: str | None = None, run_settings: dict | None = None):
+        super().__init__()
+        check_bool("module.decay_norms", decay_norms)
+        check_bool("module.decay_embeddings", decay_embeddings)
+        check_number("module.z_loss", z_loss, low=0.0)
+        check_bool("model.compile", compile)
+        if compile:
+            if compile_backend not in torch.compiler.list_backends(exclude_tags=()):
+                raise invalid("module.compile_backend", compile_backend, ", ".join(torch.compiler.list_backends()))
+            check_choice("module.compile_mode", compile_mode, COMPILE_MODES)
+        model = ModelConfig(**model) if isinstance(model, dict) else model
+        # plain values only, so checkpoints load with torch.load(weights_only=True)
+        self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"], logger=False)
+        self.hparams["model"] = model.to_dict()
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.model = Transformer(model)
+        # a function, not a module: the state_dict keeps its keys and the eager model stays callable
+        self.compiled_forward = (torch.compile(self.model.forward, backend=compile_backend, mode=compile_mode)
+                                 if compile else None)
+        self.eager_forward = False
+        self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
+        self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
+
+    def setup(self, stage: str) -> None:
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # not attached to a Trainer
+            datamodule = None
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        if self.compiled_forward is not None and not self.eager_forward:
+            return self.compiled_forward(idx)
+        return self.model(idx)
+
+    def loss(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross entropy in fp32 (+ optional z-loss, coefficient * mean(log Z ** 2)); returns (loss, ce)."""
+        logits = logits.float().flatten(0, 1)  # (B*T, V)
+        ce = F.cross_entropy(logits, y.flatten())
+        if not self.hparams.z_loss:
+            return ce, ce
+        log_z = torch.logsumexp(logits, dim=-1)  # (B*T,)
+        return ce + self.hparams.z_loss * log_z.pow(2).mean(), ce
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch  # (B, T) each
+        loss, ce = self.loss(self(x), y)
+        self.log(TRAIN_LOSS, ce, prog_bar=True)
+        if self.hparams.z_loss:
+            self.log(TRAIN_LOSS_WITH_Z, loss)
+        self.log(TRAIN_TOKENS, float((self.global_step + 1) * x.numel() * self.trainer.world_size
+                                       * self.trainer.accumulate_grad_batches))
+        self.log(TRAIN_LR, self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:
+        x, y = batch
+        _, ce = self.loss(self(x), y)
+        self.eval_ce.update(ce, weight=y.numel())
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        """loss = mean CE over every evaluated token (all processes); ppl = exp(loss); bpc = loss in bits."""
+        ce = self.eval_ce.compute()
+        self.eval_ce.reset()
+        # ce is already the mean over every process (MeanMetric syncs); sync_dist only confirms it to Lightning
+        self.log(f"{stage}/loss", ce, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/ppl", ce.exp(), sync_dist=True)
+        if self.bits_per_token:
+            self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""
+        check_model_config((checkpoint.get("hyper_parameters") or {}).get("model"), self.hparams["model"])
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Also record the W&B run id (a resumed run continues the same W&B run), minillm's version and commit."""
+        wandb_id = next((lg.version for lg in self.trainer.loggers if isinstance(lg, WandbLogger)), None)
+        checkpoint["minillm"] = {"wandb_run_id": wandb_id, **provenance()}
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    def param_groups(self) -> list[dict]:
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            is_norm = p.ndim < 2
+            is_emb = name.startswith("tok_emb.")
+            skip = (is_norm and not self.hparams.decay_norms) or (is_emb and not self.hparams.decay_embeddings)
+            (no_decay if skip else decay).append(p)
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def configure_optimizers(self):
+        if self.optimizer_factory is None:
+            raise ConfigError("LitLM needs an optimizer factory to train, "
+                             "e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
+        optimizer = self.optimizer_factory(self.param_groups())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

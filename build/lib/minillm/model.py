@@ -1,0 +1,386 @@
+"""A LLaMA-style decoder: RoPE, grouped-query causal attention (SDPA), SwiGLU, no biases in linears.
+
+The norm (``ModelConfig.norm``) and where it sits (``ModelConfig.placement``) are chosen by name.
+Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minillm.config import ConfigError
+from minillm.norms import NORMS, build_norm, norm_options
+
+BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
+PLACEMENTS = (*BLOCK_PLACEMENTS, "mix")  # mix: post in the first layers, pre after
+QK_NORMS = ("none", "rmsnorm", "layernorm")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    dim: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: same as n_heads (no grouping)
+    max_seq_len: int = 256
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
+    placement: str = "pre"
+    mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
+    layers: list[dict] | None = None  # per-layer overrides: [{"placement": "post", "norm": "layernorm"}, ...]
+    qk_norm: str = "none"  # norm applied per head to queries and keys, before RoPE
+    qk_norm_options: dict = field(default_factory=dict)  # options of the QK-norm (the main norm's are its own)
+    ffn_hidden: int | None = None  # None: LLaMA's 8/3 * dim rounded up to multiple_of
+    multiple_of: int = 32
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    depth_scaled_init: bool = True  # residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
+
+    def __post_init__(self):
+        def fail(name: str, value, allowed: str):
+            raise ConfigError(f"model.{name}={value!r} is invalid: {allowed}")
+
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                fail(name, getattr(self, name), "must be a positive integer")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.dim % self.n_heads:
+            fail("dim", self.dim, f"must be divisible by n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            fail("dim", self.dim, f"head dim dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            fail("n_kv_heads", self.n_kv_heads, f"must be a positive divisor of n_heads={self.n_heads}")
+        if self.norm not in NORMS:
+            fail("norm", self.norm, f"allowed: {', '.join(sorted(NORMS))}")
+        if self.placement not in PLACEMENTS:
+            fail("placement", self.placement, f"allowed: {', '.join(PLACEMENTS)}")
+        if self.qk_norm not in QK_NORMS:
+            fail("qk_norm", self.qk_norm, f"allowed: {', '.join(QK_NORMS)}")
+        if not 0.0 <= self.mix_fraction <= 1.0:
+            fail("mix_fraction", self.mix_fraction, "must be in [0, 1]")
+        if self.placement == "mix" and not 0 < self.mix_post_layers() < self.n_layers:
+            fail("mix_fraction", self.mix_fraction, f"placement=mix with n_layers={self.n_layers} gives "
+                 f"{self.mix_post_layers()} Post-LN layers (floor(fraction * n_layers)); it needs between 1 and "
+                 f"{self.n_layers - 1}, otherwise use placement=pre or post")
+        if not self.norm_eps >= 0:
+            fail("norm_eps", self.norm_eps, "must be >= 0")
+        if self.layers is not None:
+            if len(self.layers) != self.n_layers:
+                fail("layers", self.layers, f"needs one entry per layer (n_layers={self.n_layers})")
+            for i, spec in enumerate(self.layers):
+                if set(spec) - {"placement", "norm"}:
+                    fail(f"layers[{i}]", spec, "keys allowed: placement, norm")
+                if spec.get("placement", "pre") not in BLOCK_PLACEMENTS:
+                    fail(f"layers[{i}].placement", spec["placement"], f"allowed: {', '.join(BLOCK_PLACEMENTS)}")
+                if spec.get("norm", self.norm) not in NORMS:
+                    fail(f"layers[{i}].norm", spec["norm"], f"allowed: {', '.join(sorted(NORMS))}")
+        self.head_dim = self.dim // self.n_heads
+        if self.ffn_hidden is None:
+            self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
+
+    def mix_post_layers(self) -> int:
+        """Number of leading Post-LN layers of placement="mix" (Mix-LN: floor(alpha * L))."""
+        return math.floor(self.mix_fraction * self.n_layers + 1e-9)
+
+    def layer_specs(self) -> list[tuple[str, str]]:
+        """(placement, norm) of each layer: 'mix' resolved per layer, then the per-layer overrides."""
+        def placement(i: int) -> str:
+            if self.placement == "mix":
+                return "post" if i < self.mix_post_layers() else "pre"
+            return self.placement
+
+        specs = self.layers if self.layers is not None else [{}] * self.n_layers
+        return [(s.get("placement", placement(i)), s.get("norm", self.norm)) for i, s in enumerate(specs)]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("head_dim", None)
+        return d
+
+
+def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict | None = None) -> nn.Module:
+    """The one place the model builds a norm (batch-statistics norms get max_seq_len).
+
+    ``options`` when given (the QK-norm's ``qk_norm_options``); else ``norm_options``, which are for
+    ``cfg.norm``: a per-layer override with another norm gets only the options it also takes (e.g.
+    zero_centered, eps_mode). An option a norm does not take is an error naming the field.
+    """
+    field_name = "model.qk_norm_options" if options is not None else "model.norm_options"
+    if options is None:
+        options = dict(cfg.norm_options)
+        if name != cfg.norm:
+            options = {k: v for k, v in options.items() if k in norm_options(name)}
+    options = dict(options)
+    if getattr(NORMS[name], "uses_positions", False):
+        options.setdefault("max_seq_len", cfg.max_seq_len)
+    try:
+        return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
+    except ConfigError as err:
+        raise ConfigError(f"{field_name} ({name}): {err}") from None
+
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, each (max_seq_len, head_dim // 2), fp32."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)  # (T, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., i], x[..., i + D/2]) of x (B, T, H, D) by the angle of their position."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, D/2) each
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, D/2)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
+class KVCache:
+    """One layer's keys and values for generation: (B, Hkv, max_len, D) buffers, the first ``length`` filled."""
+
+    def __init__(self, max_len: int):
+        self.max_len, self.length = max_len, 0
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append k, v (B, Hkv, T, D) at positions length..length+T-1; return all of them (B, Hkv, length+T, D)."""
+        if self.k is None:
+            shape = (*k.shape[:2], self.max_len, k.shape[3])
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, {end} asked")
+        self.k[:, :, self.length:end], self.v[:, :, self.length:end] = k, v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def at_positions(norm: nn.Module | None, start: int):
+    """norm for an input whose first position is ``start``: norms with per-position statistics (BatchNorm,
+    PowerNorm) index their rows from 0, so the input is left-padded with ``start`` zero positions (eval mode)."""
+    if norm is None or start == 0 or not getattr(norm, "uses_positions", False):
+        return norm
+
+    def shifted(x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C)
+        pad = x.new_zeros(x.shape[0], start, x.shape[2])
+        return norm(torch.cat((pad, x), dim=1))[:, start:]
+    return shifted
+
+
+def sample_next(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """Next token ids (B, 1) from fp32 logits (B, V): argmax when temperature <= 0, else top-k sampling."""
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)  # (B, 1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads, optional QK-norm and RoPE."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        qk = cfg.qk_norm != "none"
+        self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
+        self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
+
+    def qk(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries (B, H, T, D) and keys (B, Hkv, T, D) as attention sees them (also used by probes)."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.wq(x).view(B, T, self.n_heads, self.head_dim))  # (B, T, H, D)
+        k = self.k_norm(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim))  # (B, T, Hkv, D)
+        return apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
+        B, T, C = x.shape
+        q, k = self.qk(x, cos, sin)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        start, mask = 0, None
+        if cache is not None:  # queries at positions start..start+T-1 see every key up to their own position
+            start = cache.length
+            k, v = cache.update(k, v)  # (B, Hkv, start + T, D)
+            if start and T > 1:
+                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)  # (T, S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """One decoder layer. For each sublayer f (attention, then feed-forward):
+
+        pre:  x ─┬─ norm ─ f ─(+)─>        post:  x ─┬─ f ─(+)─ norm ─>
+                 └─────────────┘                     └──────┘
+
+        pre       x + f(norm(x))                    GPT-2, LLaMA
+        post      norm(x + f(x))                    original Transformer
+        peri      x + norm_out(f(norm(x)))          Peri-LN / Gemma 2 "sandwich"
+        branch    x + norm(f(x))                    OLMo 2 (norm on the branch output only)
+        deepnorm  norm(alpha * x + f(x))            DeepNet, alpha = (2L)^(1/4)
+    """
+
+    def __init__(self, cfg: ModelConfig, placement: str, norm: str):
+        super().__init__()
+        if placement not in BLOCK_PLACEMENTS:
+            raise ConfigError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
+        self.placement = placement
+        self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
+        self.attn = Attention(cfg)
+        self.ffn = FeedForward(cfg.dim, cfg.ffn_hidden)
+        self.attn_norm, self.ffn_norm = make_norm(cfg, norm), make_norm(cfg, norm)
+        peri = placement == "peri"
+        self.attn_out_norm = make_norm(cfg, norm) if peri else None
+        self.ffn_out_norm = make_norm(cfg, norm) if peri else None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
+        start = cache.length if cache is not None else 0  # absolute position of x[:, 0]
+        sublayers = ((lambda h: self.attn(h, cos, sin, cache=cache), self.attn_norm, self.attn_out_norm),
+                     (self.ffn, self.ffn_norm, self.ffn_out_norm))
+        for f, norm, out_norm in sublayers:
+            norm, out_norm = at_positions(norm, start), at_positions(out_norm, start)
+            if self.placement == "pre":
+                x = x + f(norm(x))
+            elif self.placement == "post":
+                x = norm(x + f(x))
+            elif self.placement == "peri":
+                x = x + out_norm(f(norm(x)))
+            elif self.placement == "branch":
+                x = x + norm(f(x))
+            else:  # deepnorm
+                x = norm(self.alpha * x + f(x))
+        return x
+
+
+class Transformer(nn.Module):
+    """Token embedding, blocks, final norm (when the last block does not end in one), LM head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, p, n) for p, n in cfg.layer_specs())
+        last_placement, last_norm = cfg.layer_specs()[-1]
+        ends_normed = last_placement in ("post", "deepnorm")
+        self.norm = nn.Identity() if ends_normed else make_norm(cfg, last_norm)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """All initialization lives here.
+
+        - embeddings and linears: N(0, init_std); with tied embeddings the shared matrix gets it once
+        - residual output projections (attn.wo, ffn.w2): N(0, init_std / sqrt(2 * n_layers)) (GPT-2);
+          with depth_scaled_init=False they keep N(0, init_std), no depth scaling (as Xiong et al. 2020)
+        - DeepNorm layers (Wang et al. 2022): Xavier-normal, gain beta = (8L)^(-1/4) for wv, wo, w1, w2, w3
+          and gain 1 for wq, wk
+        - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
+        """
+        cfg = self.cfg
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            elif module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if cfg.depth_scaled_init else cfg.init_std
+        beta = (8 * cfg.n_layers) ** -0.25
+        for block in self.layers:
+            if block.placement == "deepnorm":
+                for w in (block.attn.wq, block.attn.wk):
+                    nn.init.xavier_normal_(w.weight, gain=1.0)
+                for w in (block.attn.wv, block.attn.wo, block.ffn.w1, block.ffn.w2, block.ffn.w3):
+                    nn.init.xavier_normal_(w.weight, gain=beta)
+            else:
+                nn.init.normal_(block.attn.wo.weight, mean=0.0, std=depth_std)
+                nn.init.normal_(block.ffn.w2.weight, mean=0.0, std=depth_std)
+
+    def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
+        """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""
+        B, T = idx.shape
+        start = cache[0].length if cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        if cache is not None and self.training:
+            raise RuntimeError("a KV-cached forward is for generation: call model.eval() first")
+        x = self.tok_emb(idx)  # (B, T, C)
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D/2)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, cache=cache[i] if cache is not None else None)
+        return self.lm_head(at_positions(self.norm, start)(x))  # (B, T, V)
+
+    def new_cache(self) -> list[KVCache]:
+        """An empty KV cache, one KVCache per layer."""
+        return [KVCache(self.cfg.max_seq_len) for _ in self.layers]
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
+
+    @torch.no_grad()
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+        """Continue idx (B, T) by max_new_tokens sampled tokens (greedy when temperature <= 0), in eval mode.
+
+        The context is the last max_seq_len tokens (a sliding window). use_cache: the context is run once
+        and each new token attends to the cached keys/values; once the window slides every position moves, so
+        the cache is rebuilt from the cropped context at each step. use_cache=False recomputes the context
+        at every step (the reference; same tokens).
+        """
+        was_training, L = self.training, self.cfg.max_seq_len
+        self.eval()  # batch-statistics norms use their running statistics
+        # a compiled model would recompile for every cache length; only a process that imported the compiler
+        # (importing it costs ~2 s) can hold a compiled model
+        stance = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
+        try:
+            with stance:
+                cache = None
+                for _ in range(max_new_tokens):
+                    if not use_cache:
+                        logits = self(idx[:, -L:])
+                    elif cache is None or cache[0].length == L:  # first step, or the window slides
+                        cache = self.new_cache()
+                        logits = self(idx[:, -L:], cache)
+                    else:
+                        logits = self(idx[:, -1:], cache)  # (B, 1, V)
+                    nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)  # (B, 1)
+                    idx = torch.cat((idx, nxt), dim=1)
+        finally:
+            self.train(was_training)
+        return idx

@@ -1,0 +1,96 @@
+"""What a run's numbers are called, and what its outcome is: defined once, for the callbacks that log and
+summarize, the report, and every study's analysis (DESIGN rule 11).
+
+The outcome (EXPERIMENTS.md, "Shared definitions"):
+
+    diverged  the divergence guard stopped the run (non-finite loss or weights, loss above its ceiling), or
+              the final val loss is not finite, or it is >= ln V, the loss of a uniform prediction
+    failed    diverged, crashed, never validated, or a final val loss >= the unigram loss of the same
+              evaluated windows (the train split's token frequencies scored on exactly the tokens val loss
+              averages over) minus a margin; a run stopped by a signal and not resumed has no outcome yet
+    stalled   not diverged, and a final val loss >= unigram loss - margin (a study fixes its margin first)
+
+``loss_for_comparison`` is the loss studies and the report compare: the final val loss, with a diverged or
+missing one counted as ln V (never better than predicting uniformly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+# --- metric names (logged by minillm.lit_module and minillm.callbacks; read by report and studies) -----------
+TRAIN_LOSS, TRAIN_LR, TRAIN_TOKENS, TRAIN_LOSS_WITH_Z = "train/loss", "train/lr", "train/tokens", "train/loss_with_z"
+VAL_LOSS, VAL_PPL, VAL_BPC = "val/loss", "val/ppl", "val/bpc"
+TEST_LOSS, TEST_PPL, TEST_BPC = "test/loss", "test/ppl", "test/bpc"
+GRAD_NORM, GRAD_NONFINITE = "stab/grad_norm", "stab/grad_nonfinite"
+UPDATE_RATIO, OUTPUT_CHANGE = "stab/update_ratio", "stab/output_change"
+MAX_ABS_H, MAX_ATTN_LOGIT = "stab/max_abs_h", "stab/max_attn_logit"
+LOG_Z_MEAN, LOG_Z_MAX = "stab/log_z_mean", "stab/log_z_max"
+LOSS_SPIKE_SCORE, LOSS_SPIKES = "stab/loss_spike_score", "stab/loss_spikes"
+AMP_SCALE, AMP_SKIPPED_STEPS = "stab/amp_scale", "stab/amp_skipped_steps"
+DIVERGED = "stab/diverged"
+TOKENS_PER_S, TOKENS_PER_S_DEVICE = "perf/tokens_per_s", "perf/tokens_per_s_device"
+FLOPS_PER_S_DEVICE, MFU, DATA_WAIT_FRAC = "perf/flops_per_s_device", "perf/mfu", "perf/data_wait_frac"
+
+
+def layer_metric(i: int, name: str) -> str:
+    """``layer/<i>/<name>``: grad_norm, update_ratio, resid_rms, resid_max, attn_logit_max."""
+    return f"layer/{i}/{name}"
+
+
+def norm_metric(site: str, name: str) -> str:
+    """``norm/<site>/<name>``: in_rms, in_max_fp16, gain_mean, gain_std, alpha, bn_mean_dist, bn_var_dist."""
+    return f"norm/{site}/{name}"
+
+
+# --- the outcome ---------------------------------------------------------------------------------------------
+
+
+def unigram_loss(train_counts: np.ndarray, targets: np.ndarray) -> float:
+    """Cross entropy (nats/token) of ``targets`` under the add-one smoothed frequencies ``train_counts`` (V,):
+    what a model that ignores all context scores on exactly those tokens."""
+    counts = np.asarray(train_counts, dtype=np.float64) + 1.0
+    return float(-np.log(counts / counts.sum())[np.asarray(targets, dtype=np.int64)].mean())
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_diverged(guard_tripped: bool, final_val: float | None, loss_init: float | None) -> bool:
+    """The guard stopped the run, or a final val loss that is not finite, or >= ln V."""
+    if guard_tripped:
+        return True
+    if final_val is None:
+        return False  # never validated: failed, not diverged
+    return not _finite(final_val) or (loss_init is not None and final_val >= loss_init)
+
+
+def is_failed(status: str, diverged: bool, final_val: float | None, unigram: float | None,
+              margin: float = 0.0) -> bool | None:
+    """Diverged, crashed, never validated, or final val loss >= unigram - margin; None while preempted."""
+    if status == "preempted":
+        return None
+    if status == "failed" or diverged or not _finite(final_val):
+        return True
+    return unigram is not None and final_val >= unigram - margin
+
+
+def is_stalled(summary: Mapping[str, Any], margin: float) -> bool:
+    """Not diverged, and a final val loss within ``margin`` nats of the unigram loss (or above it)."""
+    final, unigram = summary.get("final_val_loss"), summary.get("unigram_loss")
+    return not summary.get("diverged") and _finite(final) and unigram is not None and final >= unigram - margin
+
+
+def loss_for_comparison(summary: Mapping[str, Any], loss_init: float | None = None) -> float:
+    """min(final val loss, ln V); a diverged run, or a missing or non-finite loss, counts as ln V."""
+    loss_init = loss_init if loss_init is not None else summary.get("loss_init")
+    loss_init = loss_init if loss_init is not None else math.inf
+    value = summary.get("final_val_loss")
+    if summary.get("diverged") or not _finite(value):
+        return loss_init
+    return min(float(value), loss_init)

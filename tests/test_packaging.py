@@ -1,0 +1,103 @@
+"""Install anywhere: the wheel carries the configs and the console scripts, one version source, the version and
+commit recorded with every run, checkpoints evaluated and sampled from the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import CONFIGS, ROOT, compose_cfg
+
+import minillm
+import minillm.train as train_script
+from minillm.evaluate import evaluate
+from minillm.version import provenance
+
+SCRIPTS = {"minillm-train": "minillm.train:main", "minillm-report": "minillm.report:main",
+           "minillm-eval": "minillm.evaluate:main", "minillm-sample": "minillm.sample:main",
+           "minillm-export": "minillm.export:main"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    (path,) = out.glob("minillm-*.whl")
+    return path
+
+
+def test_the_wheel_holds_every_config_the_console_scripts_and_the_license(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    configs = {f"minillm/configs/{p.relative_to(CONFIGS)}" for p in CONFIGS.rglob("*.yaml")}
+    assert configs and configs <= names, sorted(configs - names)[:5]
+    assert {"minillm/train.py", "minillm/callbacks/stability.py", "minillm/kernels/rmsnorm.py"} <= names
+    info = f"minillm-{minillm.__version__}.dist-info"
+    entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
+    assert all(f"{name} = {target}" in entry_points for name, target in SCRIPTS.items()), entry_points
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: MIT" in metadata and f"Version: {minillm.__version__}" in metadata
+    assert f"{info}/licenses/LICENSE" in names
+    assert "triton" in metadata and "sys_platform == \"linux\"" in metadata  # Triton only where it exists
+
+
+def test_an_installed_wheel_finds_its_own_configs(wheel, tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    code = "import minillm.train as t; print(t.config_dir())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = Path(out.stdout.strip())
+    assert folder == tmp_path / "minillm" / "configs" and (folder / "train.yaml").is_file()
+
+
+def test_every_package_is_listed_for_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minillm").rglob("__init__.py")}
+    assert found | {"minillm.configs"} == listed
+
+
+def test_one_version_source():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert minillm.__version__ == provenance()["minillm_version"]
+
+
+def test_a_user_config_folder_joins_through_hydras_search_path(tmp_path, corpus):
+    mine = tmp_path / "my_configs" / "experiment"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("# @package _global_\nname: mine\nmodel:\n  n_layers: 3\n")
+    cfg = compose_cfg(tmp_path, corpus, f"hydra.searchpath=[file://{tmp_path / 'my_configs'}]", "experiment=mine")
+    assert cfg.name == "mine" and cfg.model.n_layers == 3
+
+
+def test_runs_record_the_version_and_commit_and_eval_gives_their_held_out_numbers(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=4", "test=true")
+    metrics = train_script.train(cfg)
+    run = Path(cfg.paths.output_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    expected = provenance()
+    assert expected["git_commit"] is None or len(expected["git_commit"]) == 40  # a checkout here
+    for record in (summary, ckpt["minillm"]):
+        assert {k: record[k] for k in expected} == expected
+    overrides = ["model=tiny", "data=files", f"data.files=[{corpus}]", f"paths.cache_dir={tmp_path / 'cache'}"]
+    held_out = evaluate(run / "checkpoints" / "last.ckpt", overrides)
+    assert held_out["test/loss"] == pytest.approx(metrics["test/loss"], rel=1e-6)
+    assert held_out["test/bpc"] == pytest.approx(metrics["test/bpc"], rel=1e-6)
+
+
+def test_eval_command_errors_are_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "minillm.evaluate", str(tmp_path / "missing.ckpt")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "missing.ckpt" in out.stderr
