@@ -21,6 +21,7 @@ from minillm.norms import NORMS, build_norm, norm_options
 BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
 PLACEMENTS = (*BLOCK_PLACEMENTS, "mix")  # mix: post in the first layers, pre after
 QK_NORMS = ("none", "rmsnorm", "layernorm")
+INITS = ("auto", "gpt2", "xavier", "small", "deepnet")
 
 
 @dataclass
@@ -43,8 +44,9 @@ class ModelConfig:
     multiple_of: int = 32
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
+    init: str = "auto"  # auto | gpt2 | xavier | small | deepnet (Transformer.init_weights)
     init_std: float = 0.02
-    depth_scaled_init: bool = True  # residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
+    depth_scaled_init: bool = True  # gpt2: residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
@@ -67,6 +69,8 @@ class ModelConfig:
             fail("placement", self.placement, f"allowed: {', '.join(PLACEMENTS)}")
         if self.qk_norm not in QK_NORMS:
             fail("qk_norm", self.qk_norm, f"allowed: {', '.join(QK_NORMS)}")
+        if self.init not in INITS:
+            fail("init", self.init, f"allowed: {', '.join(INITS)}")
         if not 0.0 <= self.mix_fraction <= 1.0:
             fail("mix_fraction", self.mix_fraction, "must be in [0, 1]")
         if self.placement == "mix" and not 0 < self.mix_post_layers() < self.n_layers:
@@ -304,32 +308,55 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """All initialization lives here.
+        """All initialization lives here; ``cfg.init`` names the scheme (``auto``: deepnet for DeepNorm layers,
+        gpt2 for the others, minillm's default):
 
-        - embeddings and linears: N(0, init_std); with tied embeddings the shared matrix gets it once
-        - residual output projections (attn.wo, ffn.w2): N(0, init_std / sqrt(2 * n_layers)) (GPT-2);
-          with depth_scaled_init=False they keep N(0, init_std), no depth scaling (as Xiong et al. 2020)
-        - DeepNorm layers (Wang et al. 2022): Xavier-normal, gain beta = (8L)^(-1/4) for wv, wo, w1, w2, w3
-          and gain 1 for wq, wk
+        - gpt2 (GPT-2, nanoGPT): embeddings and linears N(0, init_std); the residual output projections
+          (attn.wo, ffn.w2) N(0, init_std / sqrt(2 * n_layers)), or N(0, init_std) with depth_scaled_init=False
+        - xavier (the original Transformer, the setting of Xiong et al. 2020): linears Xavier-normal
+          (variance 2 / (fan_in + fan_out)), embeddings N(0, 1) (unit-scale inputs, as the paper's sqrt(d)
+          scaling of N(0, 1/d) embeddings gives)
+        - small (SmallInit of Nguyen & Salazar 2019, as GPT-NeoX implements it): embeddings and linears
+          N(0, sqrt(2 / (5 * dim)))
+        - deepnet (Wang et al. 2022): block linears Xavier-normal, with gain beta = (8L)^(-1/4) for wv, wo, w1,
+          w2, w3 and gain 1 for wq, wk; embeddings and the head as gpt2
         - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
         """
         cfg = self.cfg
-        for module in self.modules():
+        for module in self.modules():  # first N(0, init_std) everywhere, in module order (the gpt2 draws)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
             elif module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if cfg.depth_scaled_init else cfg.init_std
+        if cfg.init in ("xavier", "small"):
+            self._reinit(self.tok_emb, cfg.init)
+            if not cfg.tie_embeddings:
+                self._reinit(self.lm_head, cfg.init)
         beta = (8 * cfg.n_layers) ** -0.25
+        depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if cfg.depth_scaled_init else cfg.init_std
         for block in self.layers:
-            if block.placement == "deepnorm":
+            scheme = cfg.init if cfg.init != "auto" else "deepnet" if block.placement == "deepnorm" else "gpt2"
+            if scheme == "gpt2":
+                for w in (block.attn.wo, block.ffn.w2):
+                    nn.init.normal_(w.weight, mean=0.0, std=depth_std)
+            elif scheme == "deepnet":
                 for w in (block.attn.wq, block.attn.wk):
                     nn.init.xavier_normal_(w.weight, gain=1.0)
                 for w in (block.attn.wv, block.attn.wo, block.ffn.w1, block.ffn.w2, block.ffn.w3):
                     nn.init.xavier_normal_(w.weight, gain=beta)
             else:
-                nn.init.normal_(block.attn.wo.weight, mean=0.0, std=depth_std)
-                nn.init.normal_(block.ffn.w2.weight, mean=0.0, std=depth_std)
+                for w in block.modules():
+                    if isinstance(w, nn.Linear):
+                        self._reinit(w, scheme)
+
+    def _reinit(self, module: nn.Module, scheme: str) -> None:
+        """One weight matrix (Linear or Embedding) of the xavier or small scheme (see init_weights)."""
+        if scheme == "small":
+            nn.init.normal_(module.weight, mean=0.0, std=math.sqrt(2 / (5 * self.cfg.dim)))
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=1.0)
+        else:
+            nn.init.xavier_normal_(module.weight, gain=1.0)
 
     def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
         """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from helpers import EAGER_NORMS, V, randn, tiny, tokens
 
-from minillm.model import PLACEMENTS, Block, Transformer, apply_rope, rope_tables
+from minillm.model import PLACEMENTS, Block, ModelConfig, Transformer, apply_rope, rope_tables
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 
 
@@ -449,3 +449,43 @@ def test_qk_norm_takes_its_own_options_not_the_main_norms():
     assert m.layers[0].attn.q_norm.zero_centered and not m.layers[0].attn_norm.zero_centered
     with pytest.raises(ValueError, match=r"model.qk_norm_options \(rmsnorm\): .*does not take option"):
         Transformer(tiny(qk_norm="rmsnorm", qk_norm_options={"bias": True}))
+
+
+# --- initialization schemes (model.init) ---------------------------------------------------------------------
+
+
+def init_std(init: str, placement: str = "pre", **kw) -> dict[str, float]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=512, dim=256, n_layers=4, n_heads=4, max_seq_len=16, init=init,
+                      placement=placement, **kw)
+    m = Transformer(cfg)
+    b = m.layers[1]
+    return {"emb": m.tok_emb.weight.std().item(), "head": m.lm_head.weight.std().item(),
+            "wq": b.attn.wq.weight.std().item(), "wv": b.attn.wv.weight.std().item(),
+            "wo": b.attn.wo.weight.std().item(), "w1": b.ffn.w1.weight.std().item(),
+            "w2": b.ffn.w2.weight.std().item(), "hidden": cfg.ffn_hidden}
+
+
+@pytest.mark.parametrize("init, placement", [("gpt2", "pre"), ("auto", "pre"), ("xavier", "post"), ("small", "pre"),
+                                             ("deepnet", "post"), ("auto", "deepnorm"), ("gpt2", "deepnorm")])
+def test_each_init_scheme_gives_its_weight_statistics(init, placement):
+    s = init_std(init, placement)
+    d, h, v = 256, s.pop("hidden"), 512
+    xavier = lambda fan_in, fan_out: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
+    beta = (8 * 4) ** -0.25
+    scheme = "deepnet" if (init, placement) == ("auto", "deepnorm") else "gpt2" if init == "auto" else init
+    expected = {
+        "gpt2": {"emb": 0.02, "head": 0.02, "wq": 0.02, "wv": 0.02, "wo": 0.02 / math.sqrt(8), "w1": 0.02,
+                 "w2": 0.02 / math.sqrt(8)},
+        "xavier": {"emb": 1.0, "head": xavier(d, v), "wq": xavier(d, d), "wv": xavier(d, d), "wo": xavier(d, d),
+                   "w1": xavier(d, h), "w2": xavier(h, d)},
+        "small": dict.fromkeys(("emb", "head", "wq", "wv", "wo", "w1", "w2"), math.sqrt(2 / (5 * d))),
+        "deepnet": {"emb": 0.02, "head": 0.02, "wq": xavier(d, d), "wv": beta * xavier(d, d),
+                    "wo": beta * xavier(d, d), "w1": beta * xavier(d, h), "w2": beta * xavier(h, d)},
+    }[scheme]
+    assert s == pytest.approx(expected, rel=0.05), (init, placement)
+
+
+def test_unknown_init_is_a_config_error():
+    with pytest.raises(ValueError, match="model.init='kaiming' is invalid: allowed: auto, gpt2, xavier"):
+        ModelConfig(init="kaiming")
