@@ -1,4 +1,5 @@
-"""Calibration: `python train.py` (Lightning + Hydra) vs the plain loop of plain_loop.py, same settings.
+"""Calibration: `python train.py` (Lightning + Hydra) vs the reference loop (experiments.common.reference: a plain
+PyTorch loop over the same composed configs/), same settings.
 
 Both: Pre-LN LayerNorm (norm=layernorm; EXPERIMENTS.md's baseline), the default model, data windows, seed
 1337, AdamW groups, warmup + cosine schedule and clipping, shortened to MAX_STEPS steps (CPU time), val at
@@ -6,28 +7,35 @@ MAX_STEPS/2 and MAX_STEPS on the same 256 val windows. train.py runs with its de
 `logger=csv`, test=false. Runs in the order A-B-B-A (train.py, plain, plain, train.py) on a shared CPU;
 tokens/s is the mean per arm (train time without validation).
 
-    .venv/bin/python experiments/calibration/run.py        # ~5-7 min on 2 shared CPU cores
+    .venv/bin/python -m experiments.calibration.run             # ~5-7 min on 2 shared CPU cores
+    .venv/bin/python -m experiments.calibration.run --check 20  # seconds: the reference loop's first 20 train
+                                                                # losses against the committed ones
 """
 
 from __future__ import annotations
 
-import csv
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from experiments.common.reference import compose, train
+from minillm.outcome import TRAIN_LOSS, VAL_LOSS
+from minillm.report import read_curves
+
 OUT = Path(__file__).parent
 ROOT = OUT.parents[1]
-sys.path.insert(0, str(OUT))
-from plain_loop import RunConfig, train  # noqa: E402
 
 MAX_STEPS = 300
 TARGET = 0.03  # nats: |val loss difference| must stay below this (fixed before the runs)
+CHECK_TOL = 1e-5  # nats: --check's tolerance (fp32 rounding; train.py and the plain loop agree to 4e-4)
+PLAIN = ("norm=layernorm", f"trainer.max_steps={MAX_STEPS}", f"trainer.val_check_interval={MAX_STEPS // 2}")
 
 
 def run_train_py() -> dict:
@@ -53,13 +61,8 @@ def run_train_py() -> dict:
         stderr=subprocess.PIPE,
     )
     summary = json.loads((run_dir / "summary.json").read_text())
-    val, tr = [], []
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        for row in csv.DictReader(f):
-            if row.get("val/loss"):
-                val.append((int(row["step"]), float(row["val/loss"])))
-            if row.get("train/loss"):
-                tr.append((int(row["step"]), float(row["train/loss"])))
+    curves = read_curves(run_dir / "csv" / "metrics.csv")
+    val, tr = curves.get(VAL_LOSS, []), curves.get(TRAIN_LOSS, [])
     return dict(
         command=" ".join(["python"] + cmd[1:-1]),
         summary=summary,
@@ -72,8 +75,32 @@ def run_train_py() -> dict:
 ORDER = ("train_py", "plain", "plain", "train_py")  # A-B-B-A: a load drift on the shared CPU hits both arms
 
 
-def main() -> None:
+def check(steps: int) -> None:
+    """The reference arm's first ``steps`` train losses (and its val losses among them) against those of the
+    committed results.json: equal up to fp32 rounding (CHECK_TOL), or exit 1."""
+    committed = json.loads((OUT / "results.json").read_text())["plain"]
+    r = train(compose(*PLAIN), stop_after=steps)["history"]
+    diffs = [abs(a - b) for a, b in zip(r["train_loss"], committed["train_loss"][:steps], strict=True)]
+    val = dict(map(tuple, committed["val_history"]))
+    for s, v in zip(r["val_step"], r["val_loss"], strict=True):
+        diffs.append(abs(v - val[s]))
+        print(f"val loss at step {s}: {v:.6f} (committed {val[s]:.6f})")
+    drift = next((i + 1 for i, d in enumerate(diffs[:steps]) if d > 1e-6), None)
+    print(f"reference loop, {steps} steps: max |difference| from the committed losses {max(diffs):.3g}, "
+          f"{sum(d == 0 for d in diffs)} of {len(diffs)} bit-identical, first train loss off by > 1e-6: "
+          f"{'none' if drift is None else f'step {drift}'}; tolerance {CHECK_TOL:g}")
+    if max(diffs) > CHECK_TOL:
+        sys.exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", type=int, metavar="STEPS", help="only compare the reference loop's first STEPS "
+                                                              "train losses with the committed ones")
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)  # 1, not 2: on the shared 2-core CPU 2 threads ran 6-8x slower (measured)
+    if args.check:
+        return check(args.check)
     lits, plains = [], []
     for arm in ORDER:
         if arm == "train_py":
@@ -82,7 +109,7 @@ def main() -> None:
             s = lit["summary"]
             print("train.py", s["final_val_loss"], s["tokens_per_s"], lit["val_history"], flush=True)
         else:
-            p = train(RunConfig(norm="layernorm", max_steps=MAX_STEPS, val_every=MAX_STEPS // 2))
+            p = train(compose(*PLAIN))
             p.pop("model")
             plains.append(p)
             print("plain", p["final_val_loss"], p["tokens_per_s"], flush=True)

@@ -1,13 +1,14 @@
 """Merge what the four GPU steps of plan.sh brought back into experiments/gpu/results/<device>.{json,md,png}.
 
-    python experiments/gpu/merge.py DIR [DIR ...]          # the folders the device tool copied back (files_at)
-    python experiments/gpu/merge.py /tmp/minillm-gpu/* --results /tmp/minillm-gpu-results   # the dry run's
+    python -m experiments.gpu.merge DIR [DIR ...]          # the folders the device tool copied back (files_at)
+    python -m experiments.gpu.merge /tmp/minillm-gpu/* --results /tmp/minillm-gpu-results   # the dry run's
 
 Reads, in any of the folders: the kernel benchmark reports (<device>.json with a "meta" section; merged by key
 with experiments/kernel_bench/report.py, so the tests step's --tune rows, the kernels step and the train step
 make one report), throughput-*.json (experiments/throughput section c), preset.json (experiments/gpu/preset.py),
-tests.log / tests.xml (pytest), compile_check.txt and env.txt. Runs on the CPU machine, standard library only
-(matplotlib for the plot). Judges the targets (report.judge) and adds the preset's MFU target.
+tests.log / tests.xml (pytest), compile_check.txt and env.txt. Runs on the CPU machine: the standard library,
+matplotlib for the plot, and minillm.outcome for the metric names. Judges the targets (report.judge) and adds
+the preset's MFU target.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
+from experiments.gpu.preset import markdown as preset_markdown
+from experiments.kernel_bench import report as R
+from minillm.outcome import MFU
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "kernel_bench"))
-import report as R  # noqa: E402
 
 
 def _json(path: Path) -> dict | None:
@@ -65,7 +67,7 @@ def preset_targets(runs: list[dict]) -> list[dict]:
     for r in runs:
         if not r.get("compiled"):
             continue
-        mfu = r.get("perf/mfu")
+        mfu = r.get(MFU)
         target = f"default GPU preset, compiled, stability {'on' if r['stability'] else 'off'}: MFU >= 50%"
         ok = None if mfu is None else mfu >= R.MFU_TARGET
         checks.append(dict(target=target, M="-", hidden="-", value="missing" if mfu is None else f"MFU {mfu:.1%}",
@@ -93,10 +95,7 @@ def markdown(merged: dict) -> str:
                 lines.append(f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | {mfu} | {mem} |")
         lines.append("")
     if merged["preset"]:
-        sys.path.insert(0, str(HERE))
-        from preset import markdown as preset_md
-
-        lines += ["#" + preset_md(merged["preset"], merged["preset_meta"]), ""]
+        lines += ["#" + preset_markdown(merged["preset"], merged["preset_meta"]), ""]
     if kernel:
         lines += ["## Kernel benchmark", "", *R.markdown(kernel).splitlines()[1:]]
     checks = merged.get("targets", [])

@@ -10,7 +10,8 @@
 #
 # Each step writes at most 8 files straight into $OUT (the folder the device tool brings back; default
 # /tmp/minillm-gpu/STEP). `kernels` and `preset` use the wheels of scripts/wheelhouse.sh in ./wheelhouse
-# (carried to the device machine). Afterwards, on the CPU machine: python experiments/gpu/merge.py DIR...
+# (carried to the device machine). Afterwards, on the CPU machine: python -m experiments.gpu.merge DIR...
+# The scripts run as modules (python -m experiments.<study>.<script>) from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STEP=${1:?usage: plan.sh tests|kernels|train|preset [--dry-run]}
@@ -46,21 +47,21 @@ and torch.cuda.get_device_name())"; $PY -m pip list 2>/dev/null | grep -i -E "^(
     mv "$OUT/compile_check.log" "$OUT/compile_check.txt"
     step 300 tests $PY -m pytest tests/test_kernels.py -m "gpu or not slow" -q -rfEs -p no:cacheprovider \
       --junitxml="$OUT/tests.xml"
-    step 150 tune $PY experiments/kernel_bench/bench.py --mode tune --out "$OUT" $SMOKE ;;
+    step 150 tune $PY -m experiments.kernel_bench.bench --mode tune --out "$OUT" $SMOKE ;;
   kernels)
     wheels
-    step 500 kernels $PY experiments/kernel_bench/bench.py --mode kernels --out "$OUT" $SMOKE \
+    step 500 kernels $PY -m experiments.kernel_bench.bench --mode kernels --out "$OUT" $SMOKE \
       ${DRY:+--no-compile} ;;
   train)
-    step 260 train $PY experiments/kernel_bench/bench.py --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile}
+    step 260 train $PY -m experiments.kernel_bench.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile}
     if [ -n "$DRY" ]; then
-      step 200 train $PY experiments/throughput/bench.py --smoke --out "$OUT/throughput-dry-run.json"
+      step 200 train $PY -m experiments.throughput.bench --smoke --out "$OUT/throughput-dry-run.json"
     else
-      step 240 train $PY experiments/throughput/bench.py --gpu --out "$OUT"
+      step 240 train $PY -m experiments.throughput.bench --gpu --out "$OUT"
     fi ;;
   preset)
     wheels
-    step 480 preset $PY experiments/gpu/preset.py --out "$OUT" ${DRY:+--dry-run} ;;
+    step 480 preset $PY -m experiments.gpu.preset --out "$OUT" ${DRY:+--dry-run} ;;
   *) echo "unknown step $STEP: tests | kernels | train | preset" >&2; exit 2 ;;
 esac
 echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"

@@ -1,9 +1,9 @@
 """Tokens/s and MFU of the default GPU preset (train.py trainer=gpu model=gpt125m), stability callbacks on and
 off, eager and compiled: four short train.py runs, read back from their CSV logs.
 
-    python experiments/gpu/preset.py --out DIR             # on the GPU (needs hydra, datasets, the corpus:
+    python -m experiments.gpu.preset --out DIR             # on the GPU (needs hydra, datasets, the corpus:
                                                            # bash scripts/setup.sh --offline wheelhouse first)
-    python experiments/gpu/preset.py --out DIR --dry-run   # the same runs on the CPU, tiny model, few steps
+    python -m experiments.gpu.preset --out DIR --dry-run   # the same runs on the CPU, tiny model, few steps
 
 Each run is `python train.py trainer=gpu model=gpt125m logger=csv` with validation, test, checkpoints, the
 progress bar and the text sample off (they are not part of a training step), for --steps steps. "Stability off"
@@ -27,13 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from minillm.outcome import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["logger=csv", "+trainer.limit_val_batches=0", "test=false", "+trainer.enable_checkpointing=false",
           "~callbacks.model_checkpoint", "~callbacks.progress_bar", "callbacks.text_sample.max_new_tokens=0"]
 GPU = ["trainer=gpu", "model=gpt125m"]
 DRY = ["trainer=cpu", "model=tiny", "data.batch_size=8"]
 NO_STABILITY = ["~callbacks.stability", "~callbacks.divergence"]
-METRICS = ("perf/tokens_per_s", "perf/mfu", "perf/flops_per_s_device", "perf/data_wait_frac", "train/loss")
+METRICS = (TOKENS_PER_S, MFU, FLOPS_PER_S_DEVICE, DATA_WAIT_FRAC, TRAIN_LOSS)
 
 
 def read_metrics(path: Path) -> dict:
@@ -77,7 +79,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['compiled']} | {r['stability']} | FAIL: {r['error'][-200:]!r} | | | |")
             continue
-        tps, mfu, wait = r.get("perf/tokens_per_s"), r.get("perf/mfu"), r.get("perf/data_wait_frac")
+        tps, mfu, wait = r.get(TOKENS_PER_S), r.get(MFU), r.get(DATA_WAIT_FRAC)
         lines.append(f"| {r['compiled']} | {r['stability']} | {'n/a' if tps is None else f'{tps:.0f}'} | "
                      f"{'n/a' if mfu is None else f'{mfu:.1%}'} | {'n/a' if wait is None else f'{wait:.1%}'} | "
                      f"{r['wall_s']:.0f} |")

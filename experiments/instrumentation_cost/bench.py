@@ -1,8 +1,8 @@
 """Cost of the stability callbacks: train-step time with and without them, in one run.
 
-    python experiments/instrumentation_cost/bench.py                 # default model and batch, 400 steps
-    python experiments/instrumentation_cost/bench.py --threads 1      # shared machine: see below
-    python experiments/instrumentation_cost/bench.py --blocks 6 --batch 4   # a quick code check
+    python -m experiments.instrumentation_cost.bench                 # default model and batch, 400 steps
+    python -m experiments.instrumentation_cost.bench --threads 1      # shared machine: see below
+    python -m experiments.instrumentation_cost.bench --blocks 6 --batch 4   # a quick code check
 
 One Lightning run trains the default model (configs/model/default.yaml, batch data.batch_size, composed with
 Hydra) on random tokens (fp32, gradient clipping 1.0, log_every_n_steps 10, CSV logger, no validation, no
@@ -29,24 +29,22 @@ import functools
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, Dataset
+
+import minillm.train as train_script
+from experiments.common.machine import machine
+from minillm.callbacks import ActivationProbe
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT))  # the repo root, when minillm is not installed
-
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
-
-import minillm.train as train_script  # noqa: E402
-from minillm.callbacks import ActivationProbe  # noqa: E402
 
 VOCAB = 65
 GATED_HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
@@ -86,8 +84,13 @@ class Stopwatch:
 
 
 WATCH = Stopwatch()
-for _name in ("_block_hook", "_norm_hook", "_head_hook", "_attn_hook"):  # the forward hooks of the probe
-    setattr(ActivationProbe, _name, WATCH.wrap(getattr(ActivationProbe, _name)))
+PROBE_HOOKS = ("_block_hook", "_norm_hook", "_head_hook", "_attn_hook")  # the forward hooks of the probe
+
+
+def watch_probe_hooks() -> None:
+    """Time the probe's forward hooks with WATCH (patches ActivationProbe in this process: done by main only)."""
+    for name in PROBE_HOOKS:
+        setattr(ActivationProbe, name, WATCH.wrap(getattr(ActivationProbe, name)))
 
 
 class Gate(L.Callback):
@@ -179,9 +182,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder for result.json")
     args = p.parse_args()
 
+    watch_probe_hooks()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=train_script.config_dir(), version_base="1.3"):
         cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu"])
     args.batch = args.batch or cfg.data.batch_size
     L.seed_everything(0, workers=False, verbose=False)
@@ -211,24 +215,14 @@ def main() -> None:
                      "n_heads": cfg.model.n_heads, "norm": cfg.model.norm, "placement": cfg.model.placement,
                      "precision": cfg.trainer.precision, "every_n_steps": every,
                      "probe_every_n_steps": cfg.callbacks.stability.probe_every_n_steps},
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "torch": torch.__version__,
-                    "lightning": L.__version__, "torch_threads": torch.get_num_threads(),
-                    "load_average_after": _loadavg()},
+        "machine": machine(),
+        "conditions": {"platform": platform.platform(), "lightning": L.__version__,
+                       "torch_threads": torch.get_num_threads(), "load_average_after": _loadavg()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("direct", "cpu_time", "wall_time")}, indent=2))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _loadavg() -> list[float] | None:

@@ -1,9 +1,9 @@
 """Fused RMSNorm benchmark: kernel bandwidth against the baselines, backward tunables, train-step time.
 
-    python experiments/kernel_bench/bench.py --out DIR                 # CUDA GPU: kernels + train step
-    python experiments/kernel_bench/bench.py --mode kernels --out DIR  # one section; reports merge by key
-    python experiments/kernel_bench/bench.py --mode tune --out DIR     # time one-pass backward tunables
-    python experiments/kernel_bench/bench.py --smoke                   # CPU, TRITON_INTERPRET=1: a code check
+    python -m experiments.kernel_bench.bench --out DIR                 # CUDA GPU: kernels + train step
+    python -m experiments.kernel_bench.bench --mode kernels --out DIR  # one section; reports merge by key
+    python -m experiments.kernel_bench.bench --mode tune --out DIR     # time one-pass backward tunables
+    python -m experiments.kernel_bench.bench --smoke                   # CPU, TRITON_INTERPRET=1: a code check
 
 Writes DIR/<device>.json, .md and .png after every shape and configuration (default DIR: a temp folder, never
 the committed results). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key
@@ -25,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # report.py; the repo root when minillm is not installed
-import report as R  # noqa: E402
+try:
+    from experiments.kernel_bench import report as R
+except ModuleNotFoundError:  # run as a file (tests/test_kernels.py does): Python searches the script's folder first
+    import report as R
 
 ROWS = (4096, 16384, 65536)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)

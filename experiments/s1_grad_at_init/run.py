@@ -8,14 +8,14 @@ over placement {pre, post} x init {depth_scaled (minillm default), unscaled (dep
 x d {128, 256} x L {2, 4, 8, 16, 24} x seeds x batches. Norm: layernorm (as in the paper).
 Fits the slope of log(g_last) vs log(L) (mean over seeds and batches) and decides with the thresholds below.
 
-    .venv/bin/python experiments/s1_grad_at_init/run.py            # ~3-6 min on 2 CPU cores
+    .venv/bin/python -m experiments.s1_grad_at_init.run            # ~3-6 min on 2 CPU cores
+    .venv/bin/python -m experiments.s1_grad_at_init.run --replot   # seconds: the PNGs from results.json
 """
 
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save
 from minillm.data import TextDataModule
 from minillm.model import ModelConfig, Transformer
 
@@ -41,16 +43,6 @@ PER_LAYER_GROWS = (
     1.5  # Post-LN, deepest L: g(last layer) / g(first layer) >= 1.5 counts as "grows toward output"
 )
 PER_LAYER_FLAT = (0.5, 2.0)  # Pre-LN, deepest L: that ratio inside this range counts as "flat across layers"
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except Exception:
-        return platform.processor() or "unknown"
 
 
 def batches(n: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
@@ -81,6 +73,8 @@ def slope(depths, values) -> float:
 
 
 def main() -> None:
+    if "--replot" in sys.argv[1:]:
+        return plot(json.loads((OUT / "results.json").read_text())["fits"])
     torch.set_num_threads(2)
     t0 = time.time()
     data, vocab = batches(N_BATCHES)
@@ -161,7 +155,7 @@ def main() -> None:
 
     result = dict(
         study="S1 gradients at init",
-        machine=cpu_name(),
+        machine=machine(),
         torch=torch.__version__,
         seconds=round(time.time() - t0, 1),
         setup=dict(
@@ -199,11 +193,7 @@ def main() -> None:
 
 
 def plot(fits: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, init in zip(axes, INITS, strict=True):
         for f in (x for x in fits if x["init"] == init):
@@ -228,9 +218,7 @@ def plot(fits: list[dict]) -> None:
         ax.set_xticks(DEPTHS, [str(d) for d in DEPTHS])
         ax.legend(fontsize=7)
     axes[0].set_ylabel("||grad W2|| of the last layer at init")
-    fig.tight_layout()
-    fig.savefig(OUT / "g_last_vs_depth.png", dpi=110)
-    plt.close(fig)
+    save(fig, OUT / "g_last_vs_depth.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, init in zip(axes, INITS, strict=True):
@@ -246,9 +234,7 @@ def plot(fits: list[dict]) -> None:
         ax.set_title(f"L={max(DEPTHS)}, per-layer ||grad W2||, init: {init}")
         ax.set_xlabel("layer (1 = next to the embedding)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(OUT / "per_layer_grad.png", dpi=110)
-    plt.close(fig)
+    save(fig, OUT / "per_layer_grad.png")
 
 
 if __name__ == "__main__":

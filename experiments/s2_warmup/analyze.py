@@ -1,34 +1,26 @@
 """S2: does Post-LN need warmup where Pre-LN does not? Table, verdict and plots of the s2_warmup sweep.
 
     python train.py -m experiment=s2_warmup                          # 72 runs -> logs/s2_warmup/multiruns/<t>/
-    python experiments/s2_warmup/analyze.py logs/s2_warmup/multiruns/<t>    # or no argument: committed runs
+    python -m experiments.s2_warmup.analyze logs/s2_warmup/multiruns/<t>   # or no argument: committed runs
+    python -m experiments.s2_warmup.analyze --out DIR                        # results and plots into DIR
 """
 
 from __future__ import annotations
 
-import math
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from study import Runs, fmt, load, machine, mean, spread, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import Runs, failed, fmt, load, mean, parse_args, spread, table, write
+from minillm.outcome import TRAIN_LOSS, VAL_LOSS, loss_for_comparison
 
 HERE = Path(__file__).parent
-# Fixed before the sweep ran. A run's loss is its final val loss, a diverged run counts as ln V (EXPERIMENTS.md).
+# Fixed before the sweep ran. A run's loss is minillm.outcome.loss_for_comparison: its final val loss, a diverged run
+# counting as ln V (EXPERIMENTS.md).
 # warmup gain = loss without warmup - best loss with warmup (mean over seeds), per depth, placement and lr.
 NEEDS_WARMUP = 0.10  # a placement "needs warmup" at a setting where the gain is >= 0.10 nats and >= 2x seed range
 INSENSITIVE = 0.05  # a placement is "insensitive to warmup" where the gain is <= 0.05 nats
-
-
-def loss(run: dict) -> float:
-    value = run.get("final_val_loss")
-    if run.get("diverged") or value is None or not math.isfinite(value):
-        return run["loss_init"]
-    return min(value, run["loss_init"])
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
@@ -40,17 +32,17 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                 by_warmup = {w: cell.where(warmup_steps=w) for w in cell.values("warmup_steps")}
                 if 0 not in by_warmup or len(by_warmup) < 2:  # an incomplete sweep
                     continue
-                losses = {w: mean(loss(r) for r in rs) for w, rs in by_warmup.items()}
-                seed_range = max((spread(loss(r) for r in rs) or 0.0) for rs in by_warmup.values())
+                losses = {w: mean(loss_for_comparison(r) for r in rs) for w, rs in by_warmup.items()}
+                seed_range = max((spread(loss_for_comparison(r) for r in rs) or 0.0) for rs in by_warmup.values())
                 best_w = min((w for w in losses if w > 0), key=losses.get)
                 gain = losses[0] - losses[best_w]
-                failed = {w: sum(bool(r.get("failed")) for r in rs) for w, rs in by_warmup.items()}
+                n_failed = {w: sum(map(failed, rs)) for w, rs in by_warmup.items()}
                 gains.append({"n_layers": depth, "placement": placement, "lr": lr, "gain": gain,
                               "seed_range": seed_range, "best_warmup": best_w,
                               "needs": gain >= NEEDS_WARMUP and gain >= 2 * seed_range,
                               "insensitive": gain <= INSENSITIVE})
                 rows.append([depth, placement, lr, *(losses[w] for w in sorted(losses)), gain, seed_range,
-                             " / ".join(f"{failed[w]}" for w in sorted(failed))])
+                             " / ".join(f"{n_failed[w]}" for w in sorted(n_failed))])
     warmups = runs.values("warmup_steps")
     n_seeds = len(runs.values("seed"))
     main = table(["L", "placement", "lr", *(f"val loss, warmup {w}" for w in warmups), "warmup gain",
@@ -66,7 +58,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         verdict = "partly"
     else:
         verdict = "not at this scale"
-    failed = {(p, w > 0): sum(bool(r.get("failed")) for r in runs.where(placement=p) if
+    n_failed = {(p, w > 0): sum(failed(r) for r in runs.where(placement=p) if
                               (r["warmup_steps"] > 0) == (w > 0)) for p in ("pre", "post") for w in (0, 1)}
     totals = {(p, w > 0): sum(1 for r in runs.where(placement=p) if (r["warmup_steps"] > 0) == (w > 0))
               for p in ("pre", "post") for w in (0, 1)}
@@ -74,7 +66,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                      "largest warmup gain", "failed runs without warmup", "failed runs with warmup"],
                     [[p, sum(g["needs"] for g in gains if g["placement"] == p),
                       max(g["gain"] for g in gains if g["placement"] == p),
-                      f"{failed[(p, False)]} / {totals[(p, False)]}", f"{failed[(p, True)]} / {totals[(p, True)]}"]
+                      f"{n_failed[(p, False)]} / {totals[(p, False)]}", f"{n_failed[(p, True)]} / {totals[(p, True)]}"]
                      for p in ("pre", "post")])
     md = (f"Machine: {machine()}. {len(runs)} runs.\n\n### Final val loss by setting (mean of {n_seeds} seeds)"
           f"\n\n{main}\n\n### Warmup gain per placement\n\n{summary}\n\nVerdict rule (fixed before the runs): "
@@ -84,38 +76,41 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     return {"rows": rows, "gains": gains, "verdict": verdict, "machine": machine()}, md
 
 
-def plot(runs: Runs) -> None:
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
     depths, lrs, warmups = runs.values("n_layers"), runs.values("lr"), runs.values("warmup_steps")
     fig, axes = plt.subplots(1, len(depths) * 2, figsize=(4.2 * len(depths) * 2, 3.6), sharey=True)
     for ax, (depth, placement) in zip(axes, [(d, p) for d in depths for p in ("pre", "post")], strict=True):
         for w in warmups:
-            ys = [mean(loss(r) for r in runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w))
+            ys = [mean(map(loss_for_comparison, runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w)))
                   for lr in lrs]
             ax.plot(lrs, ys, marker="o", label=f"warmup {w}")
         ax.set(xscale="log", title=f"{placement}-LN, L={depth}", xlabel="peak lr")
     axes[0].set_ylabel("final val loss (nats/char)")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(HERE / "loss_vs_lr.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "loss_vs_lr.png")
 
     depth, lr = max(depths), max(lrs)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, placement in zip(axes, ("pre", "post"), strict=True):
         for w in warmups:
             for i, r in enumerate(runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w)):
-                steps, values = zip(*r["curves"]["train/loss"], strict=True)
+                steps, values = xy(r["curves"][TRAIN_LOSS])
                 ax.plot(steps, values, color=f"C{warmups.index(w)}", alpha=0.8,
                         label=f"warmup {w}" if i == 0 else None)
         ax.set(title=f"{placement}-LN, L={depth}, lr {fmt(lr, 4)}: train loss", xlabel="step", ylim=(1.5, 4.6))
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(HERE / "train_loss_deepest_highest_lr.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "train_loss_deepest_highest_lr.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k in (TRAIN_LOSS, VAL_LOSS), out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss"))
-    results, md = analyze(runs)
-    write(HERE, results, md)
-    plot(runs)
+    main()

@@ -1,22 +1,20 @@
 """S3: LR sensitivity of norm variants, attention-logit growth, QK-norm and z-loss (Wortsman et al. 2023).
 
     python train.py -m experiment=s3_lr_sensitivity                  # 112 runs
-    python experiments/s3_lr_sensitivity/analyze.py logs/s3_lr_sensitivity/multiruns/<t>   # or no argument
+    python -m experiments.s3_lr_sensitivity.analyze logs/s3_lr_sensitivity/multiruns/<t>   # or no argument
+    python -m experiments.s3_lr_sensitivity.analyze --out DIR      # results and plots into DIR
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from study import Runs, load, machine, mean, table, write  # noqa: E402
-
-from minillm.report import clipped_loss, lr_sensitivity  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import Runs, failed, load, mean, parse_args, table, write
+from minillm.outcome import MAX_ATTN_LOGIT, loss_for_comparison
+from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent
 # Fixed before the sweep ran (Wortsman et al.: QK-norm and z-loss each lower LR sensitivity; every run whose max
@@ -40,8 +38,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     per = {}
     for v in variants:
         rs = Runs(r for r in runs if variant(r) == v)
-        by_lr = {lr: mean(clipped_loss(r, r["loss_init"]) for r in rs.where(lr=lr)) for lr in lrs}
-        stable = [lr for lr in lrs if not any(r.get("failed") for r in rs.where(lr=lr))]
+        by_lr = {lr: mean(loss_for_comparison(r) for r in rs.where(lr=lr)) for lr in lrs}
+        stable = [lr for lr in lrs if not any(map(failed, rs.where(lr=lr)))]
         diverged = [r for r in rs if r.get("diverged")]
         per[v] = {"variant": name(v), "loss_by_lr": by_lr, "sensitivity": lr_sensitivity(by_lr),
                   "best_lr": min(by_lr, key=by_lr.get), "best_loss": min(by_lr.values()),
@@ -84,39 +82,42 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     return results, md
 
 
-def plot(runs: Runs) -> None:
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
     lrs = runs.values("lr")
     variants = sorted({variant(r) for r in runs})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, v in enumerate(variants):
         rs = Runs(r for r in runs if variant(r) == v)
         style = dict(color=f"C{i}", marker="o", linestyle="-" if v[1] == "none" else "--")
-        axes[0].plot(lrs, [mean(clipped_loss(r, r["loss_init"]) for r in rs.where(lr=lr)) for lr in lrs],
+        axes[0].plot(lrs, [mean(loss_for_comparison(r) for r in rs.where(lr=lr)) for lr in lrs],
                      label=name(v), **style)
         axes[1].plot(lrs, [max(r.get("max_attn_logit") or 0.0 for r in rs.where(lr=lr)) for lr in lrs], **style)
     axes[0].set(xscale="log", xlabel="peak lr", ylabel="final val loss (diverged = ln V)", title="LR sensitivity")
     axes[1].set(xscale="log", yscale="log", xlabel="peak lr", ylabel="max attention logit (any seed)",
                 title="attention-logit growth")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(HERE / "lr_sensitivity.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "lr_sensitivity.png")
 
-    top = max(lr for lr in lrs if any(r["curves"].get("stab/max_attn_logit") for r in runs.where(lr=lr)))
+    top = max(lr for lr in lrs if any(r["curves"].get(MAX_ATTN_LOGIT) for r in runs.where(lr=lr)))
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for i, v in enumerate(variants):
         for r in (r for r in runs.where(lr=top, seed=0) if variant(r) == v):
-            steps, values = zip(*r["curves"].get("stab/max_attn_logit", [(0, float("nan"))]), strict=True)
+            steps, values = xy(r["curves"].get(MAX_ATTN_LOGIT, [(0, float("nan"))]))
             ax.plot(steps, values, color=f"C{i}", linestyle="-" if v[1] == "none" else "--", label=name(v))
     ax.set(yscale="log", xlabel="step", ylabel="max attention logit", title=f"lr {top:g}, seed 0")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(HERE / "attn_logit_curves.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "attn_logit_curves.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k == MAX_ATTN_LOGIT, out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k == "stab/max_attn_logit")
-    results, md = analyze(runs)
-    write(HERE, results, md)
-    plot(runs)
+    main()

@@ -1,23 +1,33 @@
 """S4: BatchNorm vs LayerNorm vs RMSNorm at batch 4 and 64 (Shen et al. 2020; seeds/002).
 
     python train.py -m experiment=s4_batchnorm                      # 18 runs
-    python experiments/s4_batchnorm/analyze.py logs/s4_batchnorm/multiruns/<t>   # or no argument
+    python -m experiments.s4_batchnorm.analyze logs/s4_batchnorm/multiruns/<t>   # or no argument
+    python -m experiments.s4_batchnorm.analyze --out DIR             # results and plots into DIR
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from study import Runs, load, machine, mean, spread, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import (
+    Runs,
+    failed,
+    load,
+    mean,
+    metric_part,
+    parse_args,
+    spread,
+    table,
+    trained_loss,
+    write,
+)
+from minillm.outcome import TRAIN_LOSS, VAL_LOSS, norm_metric
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "layernorm", "rmsnorm")
@@ -30,24 +40,23 @@ NOISIER = 2.0  # batch statistics "fluctuate more" at batch 4 when their mean de
 
 def final_train_loss(run: dict, last: int = 50) -> float | None:
     """Mean train loss (batch statistics, train mode) over the last `last` steps."""
-    points = [(s, v) for s, v in run["curves"].get("train/loss", []) if math.isfinite(v)]
+    points = [(s, v) for s, v in run["curves"].get(TRAIN_LOSS, []) if math.isfinite(v)]
     if not points:
         return None
     end = points[-1][0]
     return statistics.fmean(v for s, v in points if s > end - last)
 
 
-def val_loss(run: dict) -> float | None:
-    """Final val loss in eval mode; None for a run that diverged or never validated."""
-    value = run.get("final_val_loss")
-    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
+def is_bn_mean_dist(key: str) -> bool:
+    """A norm site's RMS distance between batch and running means (norm/<site>/bn_mean_dist)."""
+    return metric_part(key, norm_metric, "bn_mean_dist") is not None
 
 
 def bn_deviation(run: dict) -> list[tuple[int, float]]:
     """Per logged step: mean over BatchNorm sites of the RMS distance between batch and running means."""
     by_step = defaultdict(list)
     for key, points in run["curves"].items():
-        if key.endswith("/bn_mean_dist"):
+        if is_bn_mean_dist(key):
             for step, value in points:
                 by_step[step].append(value)
     return [(s, statistics.fmean(v)) for s, v in sorted(by_step.items())]
@@ -59,7 +68,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for b in batches:
         for norm in NORMS:
             rs = runs.where(norm=norm, batch_size=b)
-            val = [val_loss(r) for r in rs]
+            val = [trained_loss(r) for r in rs]
             train = [final_train_loss(r) for r in rs]
             devs = [[v for _, v in bn_deviation(r)] for r in rs]
             dev = [mean(d[len(d) // 2:]) for d in devs]
@@ -67,7 +76,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             cells[(norm, b)] = {"val": mean(val), "val_range": spread(val), "train": mean(train),
                                 "gap": mean(gaps), "bn_dev": mean(dev), "runs": len(rs),
                                 "diverged": sum(bool(r.get("diverged")) for r in rs),
-                                "failed": sum(bool(r.get("failed")) for r in rs),
+                                "failed": sum(map(failed, rs)),
                                 "val_per_seed": [r.get("final_val_loss") for r in sorted(rs, key=lambda r: r["seed"])]}
     rows = [[norm, b, c["val"], c["val_range"], " / ".join(f"{v:.3f}" for v in c["val_per_seed"]), c["train"],
              c["gap"], c["bn_dev"], f"{c['diverged']} / {c['failed']}"] for (norm, b), c in cells.items()]
@@ -105,14 +114,15 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "machine": machine()}, md
 
 
-def plot(runs: Runs) -> None:
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
     batches = runs.values("batch_size")
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     width = 0.8 / len(NORMS)
     for i, norm in enumerate(NORMS):
         for j, b in enumerate(batches):
             rs = runs.where(norm=norm, batch_size=b)
-            vals = [v for v in (val_loss(r) for r in rs) if v is not None]
+            vals = [v for v in (trained_loss(r) for r in rs) if v is not None]
             axes[0].bar(j + i * width, mean(vals), width, color=f"C{i}", label=norm if j == 0 else None)
             axes[0].scatter([j + i * width] * len(vals), vals, color="k", s=8, zorder=3)
             if len(vals) < len(rs):  # diverged seeds are off the scale: say so on the bar
@@ -123,18 +133,22 @@ def plot(runs: Runs) -> None:
     axes[0].legend()
     for j, b in enumerate(batches):
         for k, r in enumerate(r for r in runs.where(norm="batchnorm", batch_size=b) if bn_deviation(r)):
-            steps, values = zip(*bn_deviation(r), strict=True)
+            steps, values = xy(bn_deviation(r))
             axes[1].plot(steps, values, color=f"C{j + 3}", alpha=0.8, label=f"batch {b}" if k == 0 else None)
     axes[1].set(yscale="log", xlabel="step", ylabel="RMS(batch mean - running mean)",
                 title="BatchNorm: batch statistics vs running statistics")
     axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(HERE / "batchnorm.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "batchnorm.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_mean_dist(k), out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss") or k.endswith("/bn_mean_dist"))
-    results, md = analyze(runs)
-    write(HERE, results, md)
-    plot(runs)
+    main()

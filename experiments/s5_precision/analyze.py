@@ -2,22 +2,20 @@
 
     python train.py -m experiment=s5_precision trainer.precision=32-true,bf16-mixed hydra.sweep.dir=logs/s5/a
     python train.py -m experiment=s5_precision trainer=cpu_fp16 hydra.sweep.dir=logs/s5/b
-    python experiments/s5_precision/analyze.py logs/s5/a logs/s5/b      # or no argument: committed runs
+    python -m experiments.s5_precision.analyze logs/s5/a logs/s5/b     # or no argument: committed runs
+    python -m experiments.s5_precision.analyze --out DIR              # results and plots into DIR
 """
 
 from __future__ import annotations
 
 import math
-import re
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from study import Runs, load, machine, mean, spread, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import Runs, load, mean, metric_part, parse_args, spread, table, trained_loss, write
+from minillm.outcome import AMP_SCALE, layer_metric
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "peri")
@@ -27,12 +25,15 @@ BOUNDED = 2.0  # Peri-LN "bounds" the residual stream when Pre-LN's final max|h|
 SAME = 0.02  # a precision "does not change the result" when its val loss is within 0.02 nats of fp32's
 
 
-RESID = re.compile(r"layer/(\d+)/resid_max")
+def resid_block(key: str) -> int | None:
+    """i when key is layer_metric(i, "resid_max"), the max |h| of the residual stream after block i."""
+    i = metric_part(key, layer_metric, "resid_max")
+    return int(i) if i is not None and i.isdigit() else None
 
 
 def resid_keys(run: dict) -> list[str]:
     """The run's layer/<i>/resid_max curves, in block order."""
-    return sorted((k for k in run["curves"] if RESID.fullmatch(k)), key=lambda k: int(RESID.fullmatch(k)[1]))
+    return sorted((k for k in run["curves"] if resid_block(k) is not None), key=resid_block)
 
 
 def last(run: dict, key: str) -> float | None:
@@ -46,11 +47,6 @@ def layer_max(run: dict) -> list[float | None]:
     return [last(run, k) for k in resid_keys(run)]
 
 
-def val_loss(run: dict) -> float | None:
-    value = run.get("final_val_loss")
-    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
-
-
 def analyze(runs: Runs) -> tuple[dict, str]:
     rows, cells = [], {}
     for placement in PLACEMENTS:
@@ -59,7 +55,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             if not rs:
                 continue
             per_run = [layer_max(r) for r in rs if resid_keys(r)]
-            c = {"val": mean(val_loss(r) for r in rs), "range": spread(val_loss(r) for r in rs),
+            c = {"val": mean(trained_loss(r) for r in rs), "range": spread(trained_loss(r) for r in rs),
                  "diverged": sum(bool(r.get("diverged")) for r in rs),
                  "max_h": mean(m[-1] for m in per_run), "max_h_run": max(r.get("max_abs_h") or 0 for r in rs),
                  "per_layer": [mean(v) for v in zip(*per_run, strict=True)],
@@ -93,24 +89,29 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "machine": machine()}, md
 
 
-def plot(runs: Runs) -> None:
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     for ax, placement in zip(axes, PLACEMENTS, strict=True):
         r = runs.where(placement=placement, precision_used="32-true", seed=0)[0]
         keys = resid_keys(r)
         for i, k in enumerate(keys):
-            steps, values = zip(*r["curves"][k], strict=True)
+            steps, values = xy(r["curves"][k])
             ax.plot(steps, values, color=plt.cm.viridis(i / max(1, len(keys) - 1)), label=f"after block {i}")
         ax.set(yscale="log", xlabel="step", title=f"{placement}-LN (fp32, seed 0): max |h|")
     axes[0].set_ylabel("max |h| of the residual stream")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(HERE / "residual_growth.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "residual_growth.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k == AMP_SCALE or resid_block(k) is not None, out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k == "stab/amp_scale" or RESID.fullmatch(k) is not None)
-    results, md = analyze(runs)
-    write(HERE, results, md)
-    plot(runs)
+    main()

@@ -2,21 +2,22 @@
 becomes inf and x / inf silently turns the whole row into zeros. minillm's norms, which reduce in fp32 whatever
 the input dtype, match the exact computation within fp16 rounding.
 
-    python experiments/s5_precision/overflow.py          # seconds; writes overflow.json and overflow.md
+    python -m experiments.s5_precision.overflow             # seconds; writes overflow.json and overflow.md here
+    python -m experiments.s5_precision.overflow --out DIR   # into DIR
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study import machine, table  # noqa: E402
-
-from minillm.norms import build_norm  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.study import table
+from minillm.norms import build_norm
 
 HERE = Path(__file__).parent
 SCALES = (1.0, 30.0, 50.0, 60.0, 70.0, 100.0, 1000.0)
@@ -34,7 +35,11 @@ def naive_layernorm(x):
     return (x - mu) / torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=HERE, help="folder for overflow.json / .md (default: %(default)s)")
+    out = p.parse_args(argv).out
+    out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     base = torch.randn(8, 16, C, generator=g)
     rows, results = [], []
@@ -59,8 +64,8 @@ def main() -> None:
           + table(["norm", "scale", "max abs x", "rows with some x^2 > 65504", "naive fp16: rows destroyed",
                    "naive fp16: max rel. error",
                    "minillm (fp32 reduction): max rel. error", "minillm within 2 fp16 ulps"], rows, digits=4) + "\n")
-    (HERE / "overflow.json").write_text(json.dumps({"machine": machine(), "rows": results}, indent=1) + "\n")
-    (HERE / "overflow.md").write_text(md)
+    (out / "overflow.json").write_text(json.dumps({"machine": machine(), "rows": results}, indent=1) + "\n")
+    (out / "overflow.md").write_text(md)
     print(md)
 
 

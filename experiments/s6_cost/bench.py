@@ -7,7 +7,7 @@
 (b) train-step time (forward, backward, clip, AdamW) of the default model (dim 128, 4 layers, batch
     32 x 64, fp32) with layernorm vs rmsnorm, interleaved step blocks, median; tokens/s.
 
-    .venv/bin/python experiments/s6_cost/bench.py        # ~3 min on 2 shared CPU cores
+    .venv/bin/python -m experiments.s6_cost.bench        # ~3 min on 2 shared CPU cores
 """
 
 # ruff: noqa: B023  (the closures in the timing/eval loops are called at once, inside the loop)
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.common import reference
+from experiments.common.machine import machine
+from minillm.model import Transformer
 from minillm.norms import build_norm
 
 OUT = Path(__file__).parent
-sys.path.insert(0, str(OUT.parent / "calibration"))
-from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402
 
 SHAPES = [
     (2048, 128),
@@ -40,11 +39,6 @@ BATCH = 32  # tokens = BATCH x T (batchnorm's per-position statistics need a (B,
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 REPS, ITERS = 15, 5
 E2E_REPS, E2E_STEPS = 12, 3
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
 
 
 def make_ops(C: int, T: int, dtype: torch.dtype) -> dict[str, nn.Module]:
@@ -134,26 +128,22 @@ def op_level() -> list[dict]:
 
 
 def end_to_end() -> dict:
-    tr, _, vocab = tokens(64)
+    from hydra.utils import instantiate
+
     arms = {}
     for norm in ("layernorm", "rmsnorm"):
-        rc = RunConfig(norm=norm)
+        cfg = reference.compose(f"norm={norm}")
+        tr, _, vocab = reference.tokens(cfg)
         torch.manual_seed(0)
-        from minillm.model import Transformer
-
-        model = Transformer(model_config(rc, vocab))
-        opt = torch.optim.AdamW(param_groups(model), lr=1e-4, betas=rc.betas, weight_decay=rc.weight_decay)
-        arms[norm] = (model, opt, rc)
+        model = Transformer(reference.model_config(cfg, vocab))
+        opt = instantiate(cfg.optimizer, lr=1e-4)(reference.param_groups(cfg, model))  # constant lr, no schedule
+        arms[norm] = (model, opt, reference.Loop.of(cfg))
     step_counter = {"n": 0}
 
-    def step(model, opt, rc):
-        x, y = train_batch(tr, rc.seed, step_counter["n"], rc.batch_size, rc.seq_len)
+    def step(model, opt, loop):
+        x, y = reference.train_batch(tr, loop.data_seed, step_counter["n"], loop.batch_size, loop.seq_len)
         step_counter["n"] += 1
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        reference.step(model, opt, None, x, y, loop.clip)
 
     for a in arms.values():
         step(*a)
@@ -181,7 +171,7 @@ def main() -> None:
     ops = op_level()
     e2e = end_to_end()
     res = dict(
-        machine=cpu_name(),
+        machine=machine(),
         torch=torch.__version__,
         threads=torch.get_num_threads(),
         note="2 CPU cores shared with other processes; numbers are medians of interleaved repetitions",

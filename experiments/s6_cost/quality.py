@@ -1,24 +1,24 @@
 """S6 (c): final val loss of layernorm vs rmsnorm at the default config, shortened budget, several seeds.
 
-Uses the plain-PyTorch loop of experiments/calibration/plain_loop.py (the same model, data windows, AdamW
-groups, schedule and clipping as `python train.py`; the calibration study checks they agree).
+Uses the reference loop of experiments.common.reference (a plain PyTorch loop over the composed configs/: the
+same model, data windows, AdamW groups, schedule and clipping as `python train.py`; the calibration study checks
+they agree).
 
-    .venv/bin/python experiments/s6_cost/quality.py          # 4 runs x 300 steps, ~10 min on 2 shared cores
+    .venv/bin/python -m experiments.s6_cost.quality          # 4 runs x 300 steps, ~10 min on 2 shared cores
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from experiments.common.reference import compose, train
+
 OUT = Path(__file__).parent
-sys.path.insert(0, str(OUT.parent / "calibration"))
-from plain_loop import RunConfig, train  # noqa: E402
 
 NORMS = ("layernorm", "rmsnorm")
 SEEDS = (1337, 1)
@@ -33,7 +33,8 @@ def main() -> None:
     runs = []
     for seed in SEEDS:
         for norm in NORMS:  # interleaved: a load change hits both arms alike
-            r = train(RunConfig(norm=norm, seed=seed, max_steps=MAX_STEPS, val_every=MAX_STEPS // 2))
+            r = train(compose(f"norm={norm}", f"seed={seed}", f"trainer.max_steps={MAX_STEPS}",
+                              f"trainer.val_check_interval={MAX_STEPS // 2}"))
             runs.append(
                 dict(
                     norm=norm,

@@ -1,5 +1,8 @@
 # ruff: noqa: E501  (markdown table rows)
-"""Print the markdown tables of the S6 README (and the seeds/000 table) from bench.json and quality.json."""
+"""Print the markdown tables of the S6 README (and the seeds/000 table) from bench.json and quality.json.
+
+    python -m experiments.s6_cost.report
+"""
 
 from __future__ import annotations
 

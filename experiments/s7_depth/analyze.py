@@ -1,21 +1,20 @@
 """S7: depth ladder, Pre-LN vs Post-LN vs DeepNorm (Wang et al. 2022, DeepNet).
 
     python train.py -m experiment=s7_depth                          # 24 runs
-    python experiments/s7_depth/analyze.py logs/s7_depth/multiruns/<t>   # or no argument: committed runs
+    python -m experiments.s7_depth.analyze logs/s7_depth/multiruns/<t>   # or no argument: committed runs
+    python -m experiments.s7_depth.analyze --out DIR                     # results and plots into DIR
 """
 
 from __future__ import annotations
 
 import math
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from study import Runs, load, machine, mean, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import Runs, failed, load, mean, parse_args, table, trained_loss, write
+from minillm.outcome import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS, is_stalled, loss_for_comparison
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "deepnorm")
@@ -26,13 +25,14 @@ EXPLODES = 2.0  # Post-LN's early update "explodes" at depth when its max early 
 # Fixed after the first 24 runs (one Post-LN seed at L=48 stalled just under the failure line) and before the
 # follow-up runs (seeds 2-9 of Post-LN and DeepNorm at L=48):
 STALL = 0.25  # a run "stalled" when its final val loss is within STALL nats of the unigram loss, or above it
+#              (minillm.outcome.is_stalled with this margin)
 STALLS = 2  # Post-LN "stalls at depth where DeepNorm trains": >= STALLS of its runs at the deepest L stalled, and
 #             no DeepNorm run there
 
 
 def ratios(run: dict) -> list[tuple[int, float]]:
     """(step, update ratio) of the steps with a finite update (a non-finite one means the run diverged)."""
-    return [(s, v) for s, v in run["curves"].get("stab/update_ratio", []) if math.isfinite(v)]
+    return [(s, v) for s, v in run["curves"].get(UPDATE_RATIO, []) if math.isfinite(v)]
 
 
 def early_update(run: dict) -> float | None:
@@ -48,17 +48,15 @@ def late_update(run: dict) -> float | None:
 
 def val_loss(run: dict) -> float:
     """Final val loss; a diverged run (or one without a finite final loss) counts as ln V."""
-    value = run.get("final_val_loss")
-    ok = not run.get("diverged") and value is not None and math.isfinite(value)
-    return value if ok else run["loss_init"]
+    return loss_for_comparison(run)
 
 
 def stalled(run: dict) -> bool:
-    return val_loss(run) >= run["unigram_loss"] - STALL
+    return is_stalled(run, STALL)
 
 
 def train_loss_at(run: dict, step: int) -> float | None:
-    return dict(run["curves"].get("train/loss", [])).get(step)
+    return dict(run["curves"].get(TRAIN_LOSS, [])).get(step)
 
 
 def all_on_one_side(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -74,8 +72,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for placement in PLACEMENTS:
         for depth in depths:
             rs = runs.where(placement=placement, n_layers=depth)
-            c = {"val": mean(r["final_val_loss"] for r in rs if val_loss(r) != r["loss_init"]),
-                 "failed": sum(bool(r.get("failed")) for r in rs), "stalled": sum(map(stalled, rs)),
+            c = {"val": mean(trained_loss(r) for r in rs),
+                 "failed": sum(map(failed, rs)), "stalled": sum(map(stalled, rs)),
                  "runs": len(rs),
                  "early": mean(early_update(r) for r in rs), "late": mean(late_update(r) for r in rs),
                  "max_grad_norm": max(r.get("max_grad_norm") or 0 for r in rs)}
@@ -88,7 +86,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     deep, shallow = max(depths), min(depths)
     per_seed = table(["placement", "seed", "final val loss", "best val loss", "unigram loss", "failed", "stalled",
                       "train loss, step 59", f"max update ratio, steps < {EARLY}"],
-                     [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], bool(r["failed"]),
+                     [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], failed(r),
                        stalled(r), train_loss_at(r, 59), early_update(r)]
                       for p in PLACEMENTS for r in sorted(runs.where(placement=p, n_layers=deep),
                                                           key=lambda r: r["seed"])], digits=3)
@@ -118,7 +116,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "machine": machine()}, md
 
 
-def plot(runs: Runs) -> None:
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
     depths = runs.values("n_layers")
     fig, axes = plt.subplots(1, 3, figsize=(17, 4))
     for i, placement in enumerate(PLACEMENTS):
@@ -128,10 +127,10 @@ def plot(runs: Runs) -> None:
         axes[0].scatter([r["n_layers"] * (1 + 0.04 * (i - 1)) for r in at], [val_loss(r) for r in at], s=10,
                         color=f"C{i}", alpha=0.5)
         for r in runs.where(placement=placement, n_layers=max(depths), seed=0):
-            steps, values = zip(*ratios(r), strict=True)
+            steps, values = xy(ratios(r))
             axes[1].plot(steps, values, color=f"C{i}", label=placement)
         for r in runs.where(placement=placement, n_layers=max(depths)):
-            steps, values = zip(*r["curves"]["train/loss"], strict=True)
+            steps, values = xy(r["curves"][TRAIN_LOSS])
             axes[2].plot(steps, values, color=f"C{i}", lw=0.8, alpha=0.7,
                          label=placement if r["seed"] == 0 else None)
     axes[0].set(xscale="log", xlabel="layers L",
@@ -145,13 +144,17 @@ def plot(runs: Runs) -> None:
                 title=f"train loss, every run at L={max(depths)}")
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(HERE / "depth.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "depth.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k in (TRAIN_LOSS, VAL_LOSS, UPDATE_RATIO), out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":
-    runs = load(HERE, sys.argv[1:], lambda k: k in ("train/loss", "val/loss", "stab/update_ratio"))
-    results, md = analyze(runs)
-    write(HERE, results, md)
-    plot(runs)
+    main()

@@ -7,24 +7,23 @@ untouched, so each rerun repeats the committed run's losses and inherits its "st
 
     python train.py -m experiment=s7_depth placement=post,deepnorm model.n_layers=48 seed=0,1,2,3,4,5,6,7,8,9 \\
         trainer.max_steps=100 scheduler.total_steps=300 callbacks.stability.output_change=true
-    python experiments/s7_depth/output_change.py logs/s7_output/<time>   # or no argument: committed runs
+    python -m experiments.s7_depth.output_change logs/s7_output/<time>   # or no argument: committed runs
+    python -m experiments.s7_depth.output_change --out DIR               # results and plot into DIR
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from analyze import EARLY, EXPLODES, HERE, stalled  # noqa: E402
-from study import load, machine, mean, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save, xy
+from experiments.common.study import load, mean, parse_args, table, write
+from experiments.s7_depth.analyze import EARLY, EXPLODES, HERE, stalled
+from minillm.outcome import OUTPUT_CHANGE, TRAIN_LOSS, UPDATE_RATIO
 
 OUT = HERE / "output_change"
-METRICS = ("train/loss", "stab/output_change", "stab/update_ratio")
+METRICS = (TRAIN_LOSS, OUTPUT_CHANGE, UPDATE_RATIO)
 
 
 def early_max(run: dict, metric: str) -> float:
@@ -33,38 +32,39 @@ def early_max(run: dict, metric: str) -> float:
 
 def early_argmax(run: dict) -> int:
     """Step of the largest model update in the first EARLY steps."""
-    return max(((s, v) for s, v in run["curves"]["stab/output_change"] if s < EARLY), key=lambda sv: sv[1])[0]
+    return max(((s, v) for s, v in run["curves"][OUTPUT_CHANGE] if s < EARLY), key=lambda sv: sv[1])[0]
 
 
 def late_mean(run: dict) -> float:
     """Mean model update over the steps from 50 on (of the first 100): does the model still move?"""
-    return mean(v for s, v in run["curves"]["stab/output_change"] if s >= EARLY)
+    return mean(v for s, v in run["curves"][OUTPUT_CHANGE] if s >= EARLY)
 
 
-def main(sweep_dirs: list[str]) -> None:
-    OUT.mkdir(exist_ok=True)
-    runs = load(OUT, sweep_dirs, lambda k: k in METRICS)
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or OUT
+    runs = load(OUT, args.sweeps, lambda k: k in METRICS, out)
     deep = max(r["n_layers"] for r in runs)
-    full = {(r["placement"], r["seed"]): r for r in load(HERE, [], lambda k: k == "train/loss")
+    full = {(r["placement"], r["seed"]): r for r in load(HERE, [], lambda k: k == TRAIN_LOSS)
             if r["n_layers"] == deep}
     groups: dict[str, list[dict]] = {"post, stalled": [], "post, trained": [], "deepnorm": []}
     mismatch = 0.0  # largest |train loss of the rerun - train loss of the full run| at a common step
     for r in runs:
         ref = full[(r["placement"], r["seed"])]
-        ref_loss = dict(ref["curves"]["train/loss"])
-        mismatch = max([mismatch, *(abs(v - ref_loss[s]) for s, v in r["curves"]["train/loss"] if s in ref_loss)])
+        ref_loss = dict(ref["curves"][TRAIN_LOSS])
+        mismatch = max([mismatch, *(abs(v - ref_loss[s]) for s, v in r["curves"][TRAIN_LOSS] if s in ref_loss)])
         r["stalled"] = stalled(ref)
         key = "deepnorm" if r["placement"] == "deepnorm" else f"post, {'stalled' if r['stalled'] else 'trained'}"
         groups[key].append(r)
-    rows = [[g, len(rs), mean(early_max(r, "stab/output_change") for r in rs),
-             min(early_max(r, "stab/output_change") for r in rs), max(early_max(r, "stab/output_change") for r in rs),
-             mean(late_mean(r) for r in rs), mean(early_max(r, "stab/update_ratio") for r in rs)]
+    rows = [[g, len(rs), mean(early_max(r, OUTPUT_CHANGE) for r in rs),
+             min(early_max(r, OUTPUT_CHANGE) for r in rs), max(early_max(r, OUTPUT_CHANGE) for r in rs),
+             mean(late_mean(r) for r in rs), mean(early_max(r, UPDATE_RATIO) for r in rs)]
             for g, rs in groups.items() if rs]
     post = groups["post, stalled"] + groups["post, trained"]
-    ratio = mean(early_max(r, "stab/output_change") for r in post) / mean(
-        early_max(r, "stab/output_change") for r in groups["deepnorm"])
-    stall_min = min((early_max(r, "stab/output_change") for r in groups["post, stalled"]), default=None)
-    trained_max = max((early_max(r, "stab/output_change") for r in groups["post, trained"]), default=None)
+    ratio = mean(early_max(r, OUTPUT_CHANGE) for r in post) / mean(
+        early_max(r, OUTPUT_CHANGE) for r in groups["deepnorm"])
+    stall_min = min((early_max(r, OUTPUT_CHANGE) for r in groups["post, stalled"]), default=None)
+    trained_max = max((early_max(r, OUTPUT_CHANGE) for r in groups["post, trained"]), default=None)
     separates = None if stall_min is None or trained_max is None else stall_min > trained_max
     checks = [[f"Post-LN's early model update vs DeepNorm's (mean of max over steps < {EARLY})", f"{ratio:.2f}",
                ratio >= EXPLODES],
@@ -81,23 +81,24 @@ def main(sweep_dirs: list[str]) -> None:
           + "\n\n### Every run\n\n"
           + table(["runs", "seed", f"max model update, steps < {EARLY}", "at step",
                    f"mean model update, steps {EARLY}-99"],
-                  [[g, r["seed"], early_max(r, "stab/output_change"), early_argmax(r), late_mean(r)]
+                  [[g, r["seed"], early_max(r, OUTPUT_CHANGE), early_argmax(r), late_mean(r)]
                    for g, rs in groups.items() for r in sorted(rs, key=lambda r: r["seed"])], digits=3))
-    write(OUT, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "machine": machine()}, md)
-    plot(groups)
+    write(out, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "machine": machine()}, md)
+    plot(groups, out)
 
 
 def fmt_pair(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"min stalled {a:.3f} vs max trained {b:.3f}"
 
 
-def plot(groups: dict[str, list[dict]]) -> None:
+def plot(groups: dict[str, list[dict]], out: Path) -> None:
+    plt = pyplot()
     colors = {"post, stalled": "C3", "post, trained": "C1", "deepnorm": "C2"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for g, rs in groups.items():
         for i, r in enumerate(rs):
-            for ax, metric in zip(axes, ("stab/output_change", "train/loss"), strict=True):
-                steps, values = zip(*r["curves"][metric], strict=True)
+            for ax, metric in zip(axes, (OUTPUT_CHANGE, TRAIN_LOSS), strict=True):
+                steps, values = xy(r["curves"][metric])
                 ax.plot(steps, values, color=colors[g], lw=0.8, alpha=0.7, label=g if i == 0 else None)
     axes[0].set(yscale="log", xlabel="step", ylabel="RMS change of log-probs per step",
                 title="model update per step, L=48")
@@ -105,10 +106,8 @@ def plot(groups: dict[str, list[dict]]) -> None:
     for ax in axes:
         ax.axvline(40, color="gray", lw=0.8, ls=":")  # end of warmup
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "output_change.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "output_change.png")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -3,17 +3,18 @@ warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
 
     python train.py -m experiment=s7_depth placement=post model.n_layers=48 scheduler.warmup_steps=120 \\
         seed=0,1,2,3,4,5,6,7,8,9
-    python experiments/s7_depth/warmup.py logs/s7_warmup/<time>      # or no argument: committed runs
+    python -m experiments.s7_depth.warmup logs/s7_warmup/<time>      # or no argument: committed runs
+    python -m experiments.s7_depth.warmup --out DIR                   # results into DIR
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from analyze import HERE, stalled, val_loss  # noqa: E402
-from study import load, machine, mean, table, write  # noqa: E402
+from experiments.common.machine import machine
+from experiments.common.study import load, mean, parse_args, table, write
+from experiments.s7_depth.analyze import HERE, stalled, val_loss
+from minillm.outcome import TRAIN_LOSS
 
 OUT = HERE / "warmup"
 # Fixed before the runs: the longer warmup "prevents the stalls" when at most PREVENTS of its 10 runs stall
@@ -21,9 +22,10 @@ OUT = HERE / "warmup"
 PREVENTS = 1
 
 
-def main(sweep_dirs: list[str]) -> None:
-    OUT.mkdir(exist_ok=True)
-    long = load(OUT, sweep_dirs, lambda k: k == "train/loss")
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or OUT
+    long = load(OUT, args.sweeps, lambda k: k == TRAIN_LOSS, out)
     deep = max(r["n_layers"] for r in long)
     short = load(HERE, [], lambda k: False).where(placement="post", n_layers=deep)
     rows, cells = [], {}
@@ -39,8 +41,8 @@ def main(sweep_dirs: list[str]) -> None:
           + "\n\n" + table(["check (fixed before the runs)", "holds"],
                            [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
           + "\n")
-    write(OUT, {"rows": rows, "holds": holds, "machine": machine()}, md)
+    write(out, {"rows": rows, "holds": holds, "machine": machine()}, md)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

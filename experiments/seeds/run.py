@@ -8,9 +8,11 @@ bn     seeds/002: the three reasons BatchNorm is rarely used in language models,
 leak   seeds/002 (c), the stronger test: BatchNorm with statistics pooled over (batch, time) at batch 1, 2
        and 4, for LEAK_STEPS steps. Does the model learn to read the future through the statistics?
 table  seeds/000: parameters per norm (counted) and op cost forward / forward+backward, read from
-       experiments/s6_cost/bench.json (run experiments/s6_cost/bench.py first; not measured twice)
+       experiments/s6_cost/bench.json (run python -m experiments.s6_cost.bench first; not measured twice)
 
-  .venv/bin/python experiments/seeds/run.py dist bn leak table      # ~10-15 min on 2 shared CPU cores
+Training uses the reference loop (experiments.common.reference) on the composed configs/ with the overrides below.
+
+  .venv/bin/python -m experiments.seeds.run dist bn leak table      # ~10-15 min on 2 shared CPU cores
 """
 
 # ruff: noqa: B023  (the closures in the timing/eval loops are called at once, inside the loop)
@@ -26,18 +28,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from experiments.common.plots import pyplot, save
+from experiments.common.reference import Loop, compose, evaluate, gather, model_config, tokens, train
 from minillm.data import eval_starts
 from minillm.model import Transformer
 from minillm.norms import build_norm
 
 OUT = Path(__file__).parent
-sys.path.insert(0, str(OUT.parent / "calibration"))
-from plain_loop import RunConfig, evaluate, gather, model_config, tokens, train  # noqa: E402
-
 TRAIN_STEPS = 200  # the "trained model" of dist: the default config (rmsnorm, pre) for 200 steps
 
-# bn: tiny model, short runs; thresholds fixed before the runs
-TINY = dict(dim=64, n_layers=2, n_heads=4, seq_len=32, max_steps=400, val_every=400, val_windows=256)
+# bn: tiny model, short runs (overrides of the default config); thresholds fixed before the runs
+TINY = ("model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32", "data.val_windows=256")
+TINY_STEPS = 400  # steps of a bn run; validation once, at the end
+TINY_CONFIG = dict(overrides=TINY, max_steps=TINY_STEPS)  # as results.json records it
 BN_SEEDS = (0, 1)
 SMALL_B, LARGE_B = 4, 64
 GAP_MIN = 0.05  # nats: a gap counts when it exceeds this AND 2x the seed spread
@@ -49,13 +52,11 @@ LEAK_MIN = 0.10  # nats: "train loss far below causal eval loss" when eval - tra
 LEAK_STEPS, LEAK_BATCHES, FUTURE_GAIN_MIN = (1500, 10000), (1, 2, 4), 0.05
 
 
-def plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
+def tiny(norm: str, batch: int, seed: int, steps: int = TINY_STEPS, stats: str | None = None) -> tuple[str, ...]:
+    """The overrides of a tiny run: validated once, at the end; BatchNorm's statistics ``stats``."""
+    extra = (f"model.norm_options.stats={stats}",) if stats else ()
+    return (*TINY, f"norm={norm}", f"data.batch_size={batch}", f"seed={seed}", f"trainer.max_steps={steps}",
+            f"trainer.val_check_interval={steps}", *extra)
 
 
 def apply_norms(h: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -74,7 +75,7 @@ def moments(t: torch.Tensor, dim) -> dict:
 
 
 def dist() -> dict:
-    p = plt()
+    p = pyplot()
     res = {}
     # 1) seeds/003's toy input: batch 16, 8 features, mean 10, std 5 -> as (B=16, T=1, C=8)
     torch.manual_seed(42)
@@ -85,7 +86,8 @@ def dist() -> dict:
 
     # 2) real hidden states: the residual stream entering the last block of the default model, trained briefly
     t0 = time.time()
-    r = train(RunConfig(max_steps=TRAIN_STEPS, val_every=TRAIN_STEPS), log_every=100)
+    cfg = compose(f"trainer.max_steps={TRAIN_STEPS}", f"trainer.val_check_interval={TRAIN_STEPS}")
+    r = train(cfg, log_every=100)
     model: Transformer = r["model"].eval()
     res["trained_model"] = dict(
         config="default (rmsnorm, pre, dim 128, 4 layers)",
@@ -93,7 +95,7 @@ def dist() -> dict:
         val_loss=r["final_val_loss"],
         seconds=round(time.time() - t0, 1),
     )
-    _, val, _ = tokens(64)
+    _, val, _ = tokens(cfg)
     xb, _ = gather(val, np.arange(32) * 64, 64)  # 32 consecutive val windows
     torch.manual_seed(0)
     init_model = Transformer(model.cfg).eval()
@@ -137,9 +139,7 @@ def dist() -> dict:
         ax.set_yscale("log")
     axes[0, 0].set_ylabel("toy input (seeds/003)")
     axes[1, 0].set_ylabel("real hidden states (log count)")
-    fig.tight_layout()
-    fig.savefig(OUT / "norm_histograms.png", dpi=100)
-    p.close(fig)
+    save(fig, OUT / "norm_histograms.png", dpi=100)
 
     # per-layer activations of the trained model (and at init, for contrast)
     L = len(model.layers)
@@ -160,9 +160,7 @@ def dist() -> dict:
             axes[1, j].set_title(f"layer {j}: after attn_norm (RMSNorm)", fontsize=9)
     axes[1, L].axis("off")
     axes[0, 0].legend()
-    fig.tight_layout()
-    fig.savefig(OUT / "per_layer_activations.png", dpi=100)
-    p.close(fig)
+    save(fig, OUT / "per_layer_activations.png", dpi=100)
     res["per_layer"] = {
         tag: [
             dict(layer=j, resid_rms=float(h.pow(2).mean().sqrt()), resid_absmax=float(h.abs().max()))
@@ -177,12 +175,12 @@ def bn() -> dict:
     runs = []
 
     def run(norm: str, batch: int, seed: int, stats: str = "position") -> dict:
-        opts = {"stats": stats} if norm == "batchnorm" else {}
-        rc = RunConfig(norm=norm, norm_options=opts, batch_size=batch, seed=seed, **TINY)
+        cfg = compose(*tiny(norm, batch, seed, stats=stats if norm == "batchnorm" else None))
+        loop = Loop.of(cfg)
         t = time.time()
-        r = train(rc)
+        r = train(cfg)
         m = r["model"]
-        _, val, _ = tokens(rc.seq_len)
+        _, val, _ = tokens(cfg)
         row = dict(
             norm=norm,
             stats=stats if norm == "batchnorm" else None,
@@ -194,9 +192,9 @@ def bn() -> dict:
         if norm == "batchnorm":
             for eb in (1, 2, 8, 32):  # inference with batch statistics at another batch size
                 row[f"trainmode_eval_loss_b{eb}"] = evaluate(
-                    copy.deepcopy(m), val, rc.seq_len, eb, 64 if eb < 8 else 256, train_mode=True
+                    copy.deepcopy(m), val, loop.seq_len, eb, 64 if eb < 8 else 256, train_mode=True
                 )
-            row["causal_probe_max_abs_logit_change"] = causal_probe(m, rc.seq_len)
+            row["causal_probe_max_abs_logit_change"] = causal_probe(m, cfg)
         row["seconds"] = round(time.time() - t, 1)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         runs.append(row)
@@ -220,7 +218,8 @@ def bn() -> dict:
     out = {
         "runs": runs,
         "config": dict(
-            TINY, seeds=BN_SEEDS, small_batch=SMALL_B, large_batch=LARGE_B, gap_min=GAP_MIN, leak_min=LEAK_MIN
+            TINY_CONFIG, seeds=BN_SEEDS, small_batch=SMALL_B, large_batch=LARGE_B, gap_min=GAP_MIN,
+            leak_min=LEAK_MIN,
         ),
     }
     # reason 1: small batch. gap = BN(position, eval mode) - LN, per batch size
@@ -294,21 +293,20 @@ def leak() -> dict:
     for steps in LEAK_STEPS:
         for seed in BN_SEEDS:
             for batch in LEAK_BATCHES:
-                rc = RunConfig(norm="batchnorm", norm_options={"stats": "pooled"}, batch_size=batch, seed=seed,
-                               **{**TINY, "max_steps": steps, "val_every": steps})
+                cfg = compose(*tiny("batchnorm", batch, seed, steps, stats="pooled"))
                 t = time.time()
-                r = train(rc)
-                _, val, _ = tokens(rc.seq_len)
+                r = train(cfg)
+                _, val, _ = tokens(cfg)
                 row = dict(steps=steps, batch=batch, seed=seed, eval_loss=r["final_val_loss"],
                            train_loss_last50=float(np.mean(r["history"]["train_loss"][-50:])),
-                           future_gain=future_gain(r["model"], val, rc.seq_len, batch),
+                           future_gain=future_gain(r["model"], val, Loop.of(cfg).seq_len, batch),
                            seconds=round(time.time() - t, 1))
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 runs.append(row)
     exploited = {f"{steps} steps, batch {b}": all(r["future_gain"] > FUTURE_GAIN_MIN for r in runs
                                                   if r["batch"] == b and r["steps"] == steps)
                  for steps in LEAK_STEPS for b in LEAK_BATCHES}
-    return dict(runs=runs, exploited=exploited, config=dict(TINY, max_steps=LEAK_STEPS, seeds=BN_SEEDS,
+    return dict(runs=runs, exploited=exploited, config=dict(TINY_CONFIG, max_steps=LEAK_STEPS, seeds=BN_SEEDS,
                                                             batches=LEAK_BATCHES, future_gain_min=FUTURE_GAIN_MIN))
 
 
@@ -330,11 +328,12 @@ def future_gain(model: Transformer, val: np.ndarray, T: int, batch: int, windows
 
 
 @torch.no_grad()
-def causal_probe(model: Transformer, T: int) -> float:
+def causal_probe(model: Transformer, cfg) -> float:
     """Train mode (batch stats): change only the last half of every sequence; max |change| of the logits
     at the first half. Zero for a causal model."""
     m = copy.deepcopy(model).train()
-    _, val, vocab = tokens(T)
+    T = Loop.of(cfg).seq_len
+    _, val, vocab = tokens(cfg)
     x, _ = gather(val, np.arange(8) * T, T)
     x2 = x.clone()
     x2[:, T // 2 :] = torch.randint(0, vocab, (8, T - T // 2), generator=torch.Generator().manual_seed(0))
@@ -342,7 +341,7 @@ def causal_probe(model: Transformer, T: int) -> float:
 
 
 def plot_bn(out: dict) -> None:
-    p = plt()
+    p = pyplot()
     fig, axes = p.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     for norm, color in (("layernorm", "tab:green"), ("batchnorm", "tab:blue")):
@@ -389,9 +388,7 @@ def plot_bn(out: dict) -> None:
     ax.set_xticks(range(3), names, fontsize=8)
     ax.set_title(f"3. position statistics (batch {SMALL_B})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "batchnorm_reasons.png", dpi=100)
-    p.close(fig)
+    save(fig, OUT / "batchnorm_reasons.png", dpi=100)
 
 
 def table() -> dict:
@@ -418,17 +415,17 @@ def table() -> dict:
                 fwd_bwd_vs_ln_4096x1024=r_big["fwd_bwd_vs_layernorm"],
             )
         )
-    cfg = RunConfig()
     per_model = {}
     for k in names:
-        m = Transformer(model_config(RunConfig(norm=k), 88))
+        m = Transformer(model_config(compose(f"norm={k}"), 88))
         per_model[k] = sum(p.numel() for n, p in m.named_parameters() if "norm" in n)
+    cfg = compose()
     return dict(
         hidden=C,
         rows=rows,
         norm_params_in_default_model=per_model,
         machine=bench["machine"],
-        default_model=f"dim {cfg.dim}, {cfg.n_layers} layers",
+        default_model=f"dim {cfg.model.dim}, {cfg.model.n_layers} layers",
     )
 
 

@@ -1,15 +1,15 @@
 """Throughput benchmark, in one process (see README.md here):
 
-  (a) minillm's Lightning training step (the default config: callbacks, logging) vs the plain-PyTorch loop of
-      experiments/calibration/plain_loop.py, same model / data / optimizer, interleaved rounds
-  (b) tokens/s and activation memory per norm x placement (plain loop, interleaved rounds)
+  (a) minillm's Lightning training step (the default config: callbacks, logging) vs the reference loop
+      (experiments.common.reference: a plain PyTorch loop over the same composed configs/), interleaved rounds
+  (b) tokens/s and activation memory per norm x placement (reference loop, interleaved rounds)
   (c) GPU only (skipped without CUDA): model=gpt125m in bf16, eager vs torch.compile, rmsnorm vs
       fused_rmsnorm, tokens/s and MFU against Lightning's peak table; synthetic tokens, so it needs neither
       Hydra nor `datasets` (a bare CUDA image with torch, triton and lightning runs it)
 
-    .venv/bin/python experiments/throughput/bench.py --out DIR        # CPU: (a) + (b)
-    .venv/bin/python experiments/throughput/bench.py --gpu --out DIR  # on a CUDA machine: (c) only
-    .venv/bin/python experiments/throughput/bench.py --sections abc   # everything
+    .venv/bin/python -m experiments.throughput.bench --out DIR        # CPU: (a) + (b)
+    .venv/bin/python -m experiments.throughput.bench --gpu --out DIR  # on a CUDA machine: (c) only
+    .venv/bin/python -m experiments.throughput.bench --sections abc   # everything
 
 Results go to --out (a .json path, or a folder for throughput-<device>.json; default: a temp folder, never
 the committed results) and are rewritten after every section and every (c) configuration; a (c)
@@ -36,13 +36,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "experiments" / "calibration")]
-from plain_loop import RunConfig, model_config, param_groups, tokens, train_batch  # noqa: E402  (no datasets)
-
+from experiments.common import reference  # noqa: E402  (imports Hydra and datasets only when (a) / (b) run)
+from experiments.common.machine import machine  # noqa: E402
 from minillm.callbacks.perf import analytic_flops_per_token  # noqa: E402
-from minillm.lit_module import lr_lambda  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
 
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense; if Lightning has none
@@ -64,7 +60,6 @@ class _StepClock(L.Callback):
 
 def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     """train.py's fit with the default config (model, norm, callbacks, csv logger), no validation/test."""
-    from helpers import CONFIGS
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -73,7 +68,7 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     import minillm.train as train_script
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_dir(config_dir=train_script.config_dir(), version_base="1.3"):
         cfg = compose("train", overrides=["logger=csv", f"trainer.max_steps={steps}", "+trainer.limit_val_batches=0",
                                           "test=false", "callbacks.text_sample.max_new_tokens=0",
                                           "~callbacks.progress_bar"], return_hydra_config=True)
@@ -98,26 +93,24 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     return (steps - skip) * B * T / (clock.t1 - clock.t0)
 
 
-def plain_tokens_per_s(rc: RunConfig, steps: int, skip: int) -> float:
-    """plain_loop.py's step (same batches, AdamW groups, LambdaLR, clipping), timed from step `skip` on."""
-    torch.manual_seed(rc.seed)
-    tr, _, vocab = tokens(rc.seq_len)
-    model = Transformer(model_config(rc, vocab))
-    opt = torch.optim.AdamW(param_groups(model), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", rc.warmup_steps, rc.max_steps, rc.min_lr_ratio))
+# the reference arms' configs: the default run (scheduled over 2000 steps, as measured), or a norm x placement
+PLAIN = ("trainer.max_steps=2000",)
+
+
+def plain_tokens_per_s(cfg, steps: int, skip: int) -> float:
+    """The reference loop's step (same batches, AdamW groups, schedule, clipping), timed from step `skip` on."""
+    loop = reference.Loop.of(cfg)
+    torch.manual_seed(loop.seed)
+    tr, _, vocab = reference.tokens(cfg)
+    model, opt, sched = reference.build(cfg, vocab)
     model.train()
     for step in range(steps):
         if step == skip:
             t0 = time.perf_counter()
-        x, y = train_batch(tr, rc.seed, step, rc.batch_size, rc.seq_len)
-        loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), rc.clip)
-        opt.step()
-        sched.step()
+        x, y = reference.train_batch(tr, loop.data_seed, step, loop.batch_size, loop.seq_len)
+        loss = reference.step(model, opt, sched, x, y, loop.clip)
         loss.item()  # as Lightning's loop reads the loss for the progress bar / logs
-    return (steps - skip) * rc.batch_size * rc.seq_len / (time.perf_counter() - t0)
+    return (steps - skip) * loop.batch_size * loop.seq_len / (time.perf_counter() - t0)
 
 
 def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> int:
@@ -140,7 +133,7 @@ def section_a(rounds: int, steps: int, skip: int, tmp: Path) -> dict:
     lit, plain = [], []
     for r in range(rounds):  # interleaved: Lightning, plain, Lightning, plain, ...
         lit.append(lightning_tokens_per_s(steps, skip, tmp))
-        plain.append(plain_tokens_per_s(RunConfig(max_steps=2000), steps, skip))
+        plain.append(plain_tokens_per_s(reference.compose(*PLAIN), steps, skip))
         print(f"(a) round {r}: minillm {lit[-1]:.0f} tok/s, plain {plain[-1]:.0f} tok/s", flush=True)
     ratio = statistics.median(lit) / statistics.median(plain)
     return dict(minillm_tokens_per_s=lit, plain_tokens_per_s=plain, ratio_of_medians=ratio,
@@ -149,17 +142,18 @@ def section_a(rounds: int, steps: int, skip: int, tmp: Path) -> dict:
 
 def section_b(rounds: int, steps: int, skip: int, norms: list[str], placements: list[str]) -> list[dict]:
     cases = [(n, p) for n in norms for p in placements]
+    cfgs = {c: reference.compose(*PLAIN, f"norm={c[0]}", f"placement={c[1]}") for c in cases}
     tps: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
     for r in range(rounds):
         for c in cases:
-            tps[c].append(plain_tokens_per_s(RunConfig(norm=c[0], placement=c[1]), steps, skip))
+            tps[c].append(plain_tokens_per_s(cfgs[c], steps, skip))
         print(f"(b) round {r} done", flush=True)
-    _, _, vocab = tokens(64)
     out = []
     for n, p in cases:
-        cfg = model_config(RunConfig(norm=n, placement=p), vocab)
+        cfg = cfgs[(n, p)]
+        model_cfg = reference.model_config(cfg, reference.tokens(cfg)[2])
         out.append(dict(norm=n, placement=p, tokens_per_s=statistics.median(tps[(n, p)]), runs=tps[(n, p)],
-                        activation_mib=activation_bytes(cfg, 32, 64) / 2**20))
+                        activation_mib=activation_bytes(model_cfg, cfg.data.batch_size, cfg.data.seq_len) / 2**20))
     return out
 
 
@@ -227,11 +221,10 @@ def peak_flops(dev: torch.device) -> float | None:
     return float(peak) if peak else next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
-def machine() -> dict:
-    return dict(platform=platform.platform(), cpu=platform.processor() or platform.machine(),
-                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
-                lightning=L.__version__, load_avg_start=os.getloadavg(),
-                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+def conditions() -> dict:
+    """What else the timings depend on, besides the machine."""
+    return dict(platform=platform.platform(), torch_threads=torch.get_num_threads(), lightning=L.__version__,
+                load_avg_start=os.getloadavg())
 
 
 def out_path(out: str | None) -> Path:
@@ -266,12 +259,12 @@ def main() -> None:
     tmp = Path(tempfile.gettempdir()) / "minillm-throughput"
     out = out_path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    res: dict = dict(machine=machine(), args=vars(a), a=None, b=[])
+    res: dict = dict(machine=machine(), conditions=conditions(), args=vars(a), a=None, b=[])
 
     def save(section: str | None = None, value=None) -> None:
         if section:
             res[section] = value
-        res["machine"]["load_avg_end"] = os.getloadavg()
+        res["conditions"]["load_avg_end"] = os.getloadavg()
         out.write_text(json.dumps(res, indent=1))
         out.with_suffix(".md").write_text(markdown(res))
 

@@ -1,0 +1,35 @@
+"""The machine a result was produced on, in one line: what every committed result names."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name (lscpu, else /proc/cpuinfo, else the platform's processor string)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    """CPU model, cores, GPU (or "no GPU"), torch version, e.g. "AMD EPYC, 2 cores, no GPU, torch 2.13.0+cpu"."""
+    import torch
+
+    gpu = "no GPU"
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        gpu = (f"{n}x " if n > 1 else "") + torch.cuda.get_device_name(0)
+    return f"{cpu_model()}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"

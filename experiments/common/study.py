@@ -1,0 +1,133 @@
+"""Shared plumbing of the sweep studies' analysis scripts (S2-S5, S7).
+
+A study runs ``python train.py -m experiment=<study>``; the runs land in ``logs/<study>/multiruns/<time>/``.
+Its ``analyze`` module reads them from disk with :func:`load`, computes the study's table, and writes the compact
+artefacts that are committed: ``runs.jsonl`` (every run's summary.json), ``curves.json`` (only the logged curves
+its plots use), ``results.json`` and ``results.md``, and PNGs, into the study's folder or ``--out DIR``. With no
+sweep folder given it re-analyzes the committed ``runs.jsonl`` / ``curves.json``, so tables and plots can be
+regenerated without rerunning the sweep. A run's outcome (diverged, failed, stalled, the loss compared) is
+minillm.outcome's rule, read through the helpers below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from minillm.outcome import is_failed
+from minillm.report import find_runs
+
+
+class Runs(list):
+    """Run records: dicts with the summary.json fields plus ``curves`` (metric -> [(step, value)])."""
+
+    def where(self, **kw: Any) -> Runs:
+        return Runs(r for r in self if all(r.get(k) == v for k, v in kw.items()))
+
+    def values(self, key: str) -> list[Any]:
+        return sorted({r.get(key) for r in self}, key=lambda v: (v is None, v))
+
+
+def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The analysis CLI: sweep folders (none: the committed runs) and ``--out DIR``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweeps", nargs="*", help="sweep folder(s) holding the runs' summary.json; none: the committed "
+                                             "runs.jsonl / curves.json")
+    p.add_argument("--out", type=Path, help="folder for results.json, results.md and the plots (and, with sweep "
+                                            "folders, runs.jsonl / curves.json); default: the study's own folder")
+    return p.parse_args(argv)
+
+
+def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool], out: Path | None = None) -> Runs:
+    """Runs of the given sweep folders (saved compactly in ``out``, default ``folder``), or the copy in ``folder``."""
+    runs_file, curves_file = folder / "runs.jsonl", folder / "curves.json"
+    if sweep_dirs:
+        records = []
+        for d in sweep_dirs:
+            for run in find_runs(d):
+                curves = {k: v for k, v in run.curves.items() if metrics(k)}
+                records.append({**run.summary, "curves": curves})
+        if not records:
+            sys.exit(f"no summary.json under {', '.join(sweep_dirs)}")
+        records.sort(key=lambda r: r.get("run_dir") or "")
+        out = out or folder
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "runs.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "curves"}) + "\n")
+        (out / "curves.json").write_text(json.dumps([r["curves"] for r in records], separators=(",", ":")))
+        return Runs(records)
+    if not runs_file.exists():
+        sys.exit(f"give the sweep folder(s) to analyze; {runs_file} does not exist yet")
+    summaries = [json.loads(line) for line in runs_file.read_text().splitlines() if line.strip()]
+    curves = json.loads(curves_file.read_text())
+    return Runs({**s, "curves": {k: [tuple(p) for p in v] for k, v in c.items()}}
+                for s, c in zip(summaries, curves, strict=True))
+
+
+# --- a run's outcome, by minillm.outcome's rule ------------------------------------------------------------
+
+
+def failed(run: Mapping[str, Any], margin: float = 0.0) -> bool:
+    """minillm.outcome.is_failed on a run's summary (diverged, crashed, never validated, or a final val loss
+    >= unigram loss - margin); a run stopped by a signal and not resumed (no outcome yet) counts as not failed."""
+    return bool(is_failed(run.get("status"), bool(run.get("diverged")), run.get("final_val_loss"),
+                          run.get("unigram_loss"), margin))
+
+
+def trained_loss(run: Mapping[str, Any]) -> float | None:
+    """The final val loss of a run that did not diverge (minillm.outcome.is_diverged, as its summary records);
+    None for a diverged run or one without a final val loss."""
+    value = run.get("final_val_loss")
+    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
+
+
+def metric_part(key: str, metric: Callable[[Any, str], str], name: str) -> str | None:
+    """The ``i`` of ``layer_metric(i, name)`` or the ``site`` of ``norm_metric(site, name)`` that ``key`` names
+    (minillm.outcome's templates), else None."""
+    head, tail = metric("\0", name).split("\0")
+    inner = key[len(head):len(key) - len(tail)] if len(key) > len(head) + len(tail) else ""
+    return inner if inner and key.startswith(head) and key.endswith(tail) and "/" not in inner else None
+
+
+# --- tables ------------------------------------------------------------------------------------------------
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def spread(values: Iterable[float | None]) -> float | None:
+    """max - min of the non-missing values (the seed range)."""
+    vals = [v for v in values if v is not None]
+    return max(vals) - min(vals) if len(vals) > 1 else None
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:.3g}"
+    return str(value)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 3) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v, digits) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write(folder: Path, results: dict[str, Any], markdown: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (folder / "results.md").write_text(markdown.rstrip() + "\n")
+    print(markdown)

@@ -1,0 +1,1 @@
+"""What the stability callbacks cost per training step (README.md)."""

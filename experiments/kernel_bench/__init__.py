@@ -1,0 +1,1 @@
+"""Fused Triton RMSNorm benchmark and its report (README.md)."""

@@ -1,0 +1,1 @@
+"""S1: gradients at initialization by depth, Pre-LN vs Post-LN (README.md)."""

@@ -1,0 +1,1 @@
+"""S2: does Post-LN need warmup where Pre-LN does not? (README.md)."""

@@ -1,0 +1,1 @@
+"""S6: RMSNorm vs LayerNorm, op-level and end-to-end cost, quality parity (README.md)."""

@@ -1,0 +1,1 @@
+"""The seed notes' own comparisons, measured (README.md)."""

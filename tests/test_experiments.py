@@ -1,0 +1,122 @@
+"""experiments/: a package whose scripts run as ``python -m experiments.<study>.<script>``, whose analyses
+regenerate the committed results from the committed runs, and whose reference loop is built from configs/."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import re
+import runpy
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import experiments
+from experiments.common import reference
+from experiments.common.machine import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+# the analyses that re-analyze committed runs, and where their committed results are
+ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sensitivity.analyze": "s3_lr_sensitivity",
+            "experiments.s4_batchnorm.analyze": "s4_batchnorm", "experiments.s5_precision.analyze": "s5_precision",
+            "experiments.s7_depth.analyze": "s7_depth", "experiments.s7_depth.output_change": "s7_depth/output_change",
+            "experiments.s7_depth.warmup": "s7_depth/warmup"}
+
+
+def modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages(experiments.__path__, "experiments."))
+
+
+def test_experiments_is_a_package_of_studies():
+    names = modules()
+    assert "experiments.common.reference" in names and "experiments.common.study" in names
+    for folder in sorted(p.parent for p in EXPERIMENTS.glob("*/README.md")):
+        assert (folder / "__init__.py").exists(), f"{folder.name} is not a package"
+    assert set(ANALYSES) <= set(names)
+
+
+def test_every_study_module_imports():
+    for name in modules():
+        importlib.import_module(name)
+
+
+def test_no_sys_path_manipulation_in_experiments():
+    offenders = [str(p.relative_to(ROOT)) for p in EXPERIMENTS.rglob("*.py") if "sys.path" in p.read_text()]
+    assert not offenders
+
+
+def test_documented_commands_name_modules_that_exist():
+    """Every README / shell command of experiments/ runs a module (python -m experiments.x.y), never a path."""
+    texts = {p: p.read_text() for p in [*EXPERIMENTS.rglob("*.md"), *EXPERIMENTS.rglob("*.sh"), ROOT / "README.md"]}
+    by_path = [f"{p.relative_to(ROOT)}: {m}" for p, t in texts.items()
+               for m in re.findall(r"(?:python3?|\$PY)\s+experiments/\S+\.py", t)]
+    assert not by_path
+    named = {m for t in texts.values() for m in re.findall(r"-m (experiments(?:\.\w+)+)", t)}
+    assert named and not [m for m in named if importlib.util.find_spec(m) is None]
+
+
+def _normalized(path: Path, committed_machine: str) -> str:
+    """A written result with this machine's description replaced by the committed one's."""
+    return path.read_text().replace(machine(), committed_machine)
+
+
+def _same_as_committed(folder: str, out: Path) -> None:
+    committed = EXPERIMENTS / folder
+    committed_machine = json.loads((committed / "results.json").read_text())["machine"]
+    for name in ("results.json", "results.md"):
+        assert _normalized(out / name, committed_machine) == (committed / name).read_text(), f"{folder}/{name}"
+
+
+def test_analysis_regenerates_the_committed_results(tmp_path, monkeypatch):
+    """The cheapest analysis run as `python -m experiments.s7_depth.warmup` (here in-process, as runpy runs -m)
+    from the committed runs: the same results.json and results.md."""
+    module = "experiments.s7_depth.warmup"
+    monkeypatch.setattr(sys, "argv", [module, "--out", str(tmp_path)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "found in sys.modules": imported by another test
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    _same_as_committed(ANALYSES[module], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", sorted(ANALYSES))
+def test_every_analysis_regenerates_the_committed_results(module, tmp_path):
+    subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=300,
+                   capture_output=True)
+    _same_as_committed(ANALYSES[module], tmp_path)
+
+
+def test_machine_names_cpu_cores_and_torch():
+    desc = machine()
+    assert desc.strip() and "cores" in desc and torch.__version__ in desc
+
+
+def test_reference_loop_is_built_from_the_configs():
+    """Model, norm options, optimizer groups and lr come from the composed config, not from copied values."""
+    from minillm.train import model_config
+
+    cfg = reference.compose("norm=batchnorm", "optimizer.lr=0.01", "module.decay_norms=true", "model.n_layers=2")
+    model, optimizer, scheduler = reference.build(cfg, vocab_size=88)
+    assert model.cfg.to_dict() == model_config(cfg, 88).to_dict() and model.cfg.norm_options["stats"] == "position"
+    decay, no_decay = optimizer.param_groups
+    assert decay["initial_lr"] == 0.01 and decay["weight_decay"] == cfg.optimizer.weight_decay
+    assert no_decay["weight_decay"] == 0.0
+    assert {id(p) for p in model.layers[0].attn_norm.parameters()} <= {id(p) for p in decay["params"]}
+    assert id(model.tok_emb.weight) in {id(p) for p in no_decay["params"]}
+    assert scheduler.lr_lambdas[0](0) == pytest.approx(1 / cfg.scheduler.warmup_steps)
+    with pytest.raises(ValueError, match="z_loss"):
+        reference.Loop.of(reference.compose("module.z_loss=1e-4"))
+
+
+@pytest.mark.slow
+def test_reference_loop_reproduces_the_committed_calibration():
+    """The reference arm's first steps match the committed calibration run (python -m experiments.calibration.run
+    --check): the loop trains the same model as when the calibration was measured."""
+    subprocess.run([sys.executable, "-m", "experiments.calibration.run", "--check", "20"], cwd=ROOT, check=True,
+                   timeout=600)
