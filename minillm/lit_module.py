@@ -49,6 +49,18 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, kind: str = "cosine", warm
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps, min_lr_ratio))
 
 
+def param_groups(model: torch.nn.Module, decay_norms: bool = False, decay_embeddings: bool = False) -> list[dict]:
+    """AdamW parameter groups: weight decay on the matrices of linear layers; the norm gains and biases (every
+    0-D and 1-D parameter) and the token embedding get it only when decay_norms / decay_embeddings say so."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = (p.ndim < 2 and not decay_norms) or (name.startswith("tok_emb.") and not decay_embeddings)
+        (no_decay if skip else decay).append(p)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -159,15 +171,7 @@ class LitLM(L.LightningModule):
         self._eval_epoch_end("test")
 
     def param_groups(self) -> list[dict]:
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            is_norm = p.ndim < 2
-            is_emb = name.startswith("tok_emb.")
-            skip = (is_norm and not self.hparams.decay_norms) or (is_emb and not self.hparams.decay_embeddings)
-            (no_decay if skip else decay).append(p)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings)
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:

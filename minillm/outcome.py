@@ -94,3 +94,22 @@ def loss_for_comparison(summary: Mapping[str, Any], loss_init: float | None = No
     if summary.get("diverged") or not _finite(value):
         return loss_init
     return min(float(value), loss_init)
+
+
+def failed_of(summary: Mapping[str, Any], margin: float = 0.0) -> bool:
+    """is_failed on a run's summary.json; a run stopped by a signal and not resumed counts as not failed."""
+    return bool(is_failed(summary.get("status"), bool(summary.get("diverged")), summary.get("final_val_loss"),
+                          summary.get("unigram_loss"), margin))
+
+
+def final_loss(summary: Mapping[str, Any]) -> float | None:
+    """The final val loss of a run that did not diverge; None for a diverged run or one without a finite one."""
+    value = summary.get("final_val_loss")
+    return None if summary.get("diverged") or not _finite(value) else float(value)
+
+
+def parse_metric(key: str) -> tuple[str, str, str] | None:
+    """``layer/<i>/<name>`` -> ("layer", "<i>", name), ``norm/<site>/<name>`` -> ("norm", "<site>", name)."""
+    kind, _, rest = key.partition("/")
+    inner, _, name = rest.rpartition("/")
+    return (kind, inner, name) if kind in ("layer", "norm") and inner and name and "/" not in inner else None

@@ -497,10 +497,9 @@ def test_compile_fullgraph_inductor():
 def test_benchmark_smoke(tmp_path):
     """kernel_bench --smoke runs end to end on the CPU (kernels, tune, train) into a chosen folder; a second
     run merges by key instead of overwriting."""
-    script = ROOT / "experiments" / "kernel_bench" / "bench.py"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = lambda *a: subprocess.run([sys.executable, str(script), "--smoke", "--no-compile", "--out", str(tmp_path),
-                                     *a], check=True, timeout=900, env=env)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.kernel_bench.bench", "--smoke", "--no-compile",
+                                     "--out", str(tmp_path), *a], check=True, timeout=900, env=env, cwd=ROOT)  # noqa: E731
     run()
     run("--mode", "tune")
     run("--mode", "kernels", "--providers", "fused", "--hidden", "32")

@@ -4,7 +4,7 @@ Lightning's (no Trainer, no callbacks, no loggers). The calibration study checks
 Nothing about the run is written out here: the model and its norm options, the optimizer and its parameter
 groups, the schedule, clipping, the data and its sample stream come from composing configs/train.yaml with the
 overrides (Hydra's compose API, as tests/helpers.py does) and from minillm's own functions
-(``minillm.train.model_config``, ``LitLM.param_groups``, the config's optimizer and scheduler partials,
+(``minillm.train.model_config``, ``minillm.lit_module.param_groups``, the config's optimizer and scheduler partials,
 ``minillm.data``'s windows). The loop itself is the only thing written by hand:
   - python, numpy and torch seeded with ``seed`` before the data and the model (as lightning.seed_everything)
   - training sample i starts at ``window_starts(data.seed, [i], N - T)``; step s uses samples s*B .. s*B+B-1
@@ -28,7 +28,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -106,12 +105,10 @@ def model_config(cfg: Any, vocab_size: int) -> ModelConfig:
 
 
 def param_groups(cfg: Any, model: Transformer) -> list[dict]:
-    """minillm's optimizer groups (LitLM.param_groups, with the config's module.decay_norms / decay_embeddings)."""
-    from minillm.lit_module import LitLM
+    """minillm's optimizer groups, with the config's module.decay_norms / decay_embeddings."""
+    from minillm.lit_module import param_groups as minillm_groups
 
-    flags = SimpleNamespace(decay_norms=bool(cfg.module.decay_norms),
-                            decay_embeddings=bool(cfg.module.decay_embeddings))
-    return LitLM.param_groups(SimpleNamespace(model=model, hparams=flags))
+    return minillm_groups(model, bool(cfg.module.decay_norms), bool(cfg.module.decay_embeddings))
 
 
 def build(cfg: Any, vocab_size: int) -> tuple[Transformer, torch.optim.Optimizer, Any]:

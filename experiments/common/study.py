@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from minillm.outcome import is_failed
 from minillm.report import find_runs
 
 
@@ -72,28 +70,6 @@ def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool]
 
 
 # --- a run's outcome, by minillm.outcome's rule ------------------------------------------------------------
-
-
-def failed(run: Mapping[str, Any], margin: float = 0.0) -> bool:
-    """minillm.outcome.is_failed on a run's summary (diverged, crashed, never validated, or a final val loss
-    >= unigram loss - margin); a run stopped by a signal and not resumed (no outcome yet) counts as not failed."""
-    return bool(is_failed(run.get("status"), bool(run.get("diverged")), run.get("final_val_loss"),
-                          run.get("unigram_loss"), margin))
-
-
-def trained_loss(run: Mapping[str, Any]) -> float | None:
-    """The final val loss of a run that did not diverge (minillm.outcome.is_diverged, as its summary records);
-    None for a diverged run or one without a final val loss."""
-    value = run.get("final_val_loss")
-    return None if run.get("diverged") or value is None or not math.isfinite(value) else value
-
-
-def metric_part(key: str, metric: Callable[[Any, str], str], name: str) -> str | None:
-    """The ``i`` of ``layer_metric(i, name)`` or the ``site`` of ``norm_metric(site, name)`` that ``key`` names
-    (minillm.outcome's templates), else None."""
-    head, tail = metric("\0", name).split("\0")
-    inner = key[len(head):len(key) - len(tail)] if len(key) > len(head) + len(tail) else ""
-    return inner if inner and key.startswith(head) and key.endswith(tail) and "/" not in inner else None
 
 
 # --- tables ------------------------------------------------------------------------------------------------

@@ -25,10 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-try:
-    from experiments.kernel_bench import report as R
-except ModuleNotFoundError:  # run as a file (tests/test_kernels.py does): Python searches the script's folder first
-    import report as R
+from experiments.kernel_bench import report as R
 
 ROWS = (4096, 16384, 65536)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)

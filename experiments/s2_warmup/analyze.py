@@ -12,8 +12,8 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, failed, fmt, load, mean, parse_args, spread, table, write
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS, loss_for_comparison
+from experiments.common.study import Runs, fmt, load, mean, parse_args, spread, table, write
+from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
 # Fixed before the sweep ran. A run's loss is minillm.outcome.loss_for_comparison: its final val loss, a diverged run
@@ -36,7 +36,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                 seed_range = max((spread(loss_for_comparison(r) for r in rs) or 0.0) for rs in by_warmup.values())
                 best_w = min((w for w in losses if w > 0), key=losses.get)
                 gain = losses[0] - losses[best_w]
-                n_failed = {w: sum(map(failed, rs)) for w, rs in by_warmup.items()}
+                n_failed = {w: sum(map(failed_of, rs)) for w, rs in by_warmup.items()}
                 gains.append({"n_layers": depth, "placement": placement, "lr": lr, "gain": gain,
                               "seed_range": seed_range, "best_warmup": best_w,
                               "needs": gain >= NEEDS_WARMUP and gain >= 2 * seed_range,
@@ -58,7 +58,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         verdict = "partly"
     else:
         verdict = "not at this scale"
-    n_failed = {(p, w > 0): sum(failed(r) for r in runs.where(placement=p) if
+    n_failed = {(p, w > 0): sum(failed_of(r) for r in runs.where(placement=p) if
                               (r["warmup_steps"] > 0) == (w > 0)) for p in ("pre", "post") for w in (0, 1)}
     totals = {(p, w > 0): sum(1 for r in runs.where(placement=p) if (r["warmup_steps"] > 0) == (w > 0))
               for p in ("pre", "post") for w in (0, 1)}

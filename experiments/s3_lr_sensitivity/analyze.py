@@ -12,8 +12,8 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, failed, load, mean, parse_args, table, write
-from minillm.outcome import MAX_ATTN_LOGIT, loss_for_comparison
+from experiments.common.study import Runs, load, mean, parse_args, table, write
+from minillm.outcome import MAX_ATTN_LOGIT, failed_of, loss_for_comparison
 from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent
@@ -39,7 +39,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for v in variants:
         rs = Runs(r for r in runs if variant(r) == v)
         by_lr = {lr: mean(loss_for_comparison(r) for r in rs.where(lr=lr)) for lr in lrs}
-        stable = [lr for lr in lrs if not any(map(failed, rs.where(lr=lr)))]
+        stable = [lr for lr in lrs if not any(map(failed_of, rs.where(lr=lr)))]
         diverged = [r for r in rs if r.get("diverged")]
         per[v] = {"variant": name(v), "loss_by_lr": by_lr, "sensitivity": lr_sensitivity(by_lr),
                   "best_lr": min(by_lr, key=by_lr.get), "best_loss": min(by_lr.values()),

@@ -15,19 +15,8 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import (
-    Runs,
-    failed,
-    load,
-    mean,
-    metric_part,
-    parse_args,
-    spread,
-    table,
-    trained_loss,
-    write,
-)
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS, norm_metric
+from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, final_loss, parse_metric
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "layernorm", "rmsnorm")
@@ -49,7 +38,7 @@ def final_train_loss(run: dict, last: int = 50) -> float | None:
 
 def is_bn_mean_dist(key: str) -> bool:
     """A norm site's RMS distance between batch and running means (norm/<site>/bn_mean_dist)."""
-    return metric_part(key, norm_metric, "bn_mean_dist") is not None
+    return (parse_metric(key) or ("", "", ""))[::2] == ("norm", "bn_mean_dist")
 
 
 def bn_deviation(run: dict) -> list[tuple[int, float]]:
@@ -68,7 +57,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for b in batches:
         for norm in NORMS:
             rs = runs.where(norm=norm, batch_size=b)
-            val = [trained_loss(r) for r in rs]
+            val = [final_loss(r) for r in rs]
             train = [final_train_loss(r) for r in rs]
             devs = [[v for _, v in bn_deviation(r)] for r in rs]
             dev = [mean(d[len(d) // 2:]) for d in devs]
@@ -76,7 +65,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             cells[(norm, b)] = {"val": mean(val), "val_range": spread(val), "train": mean(train),
                                 "gap": mean(gaps), "bn_dev": mean(dev), "runs": len(rs),
                                 "diverged": sum(bool(r.get("diverged")) for r in rs),
-                                "failed": sum(map(failed, rs)),
+                                "failed": sum(map(failed_of, rs)),
                                 "val_per_seed": [r.get("final_val_loss") for r in sorted(rs, key=lambda r: r["seed"])]}
     rows = [[norm, b, c["val"], c["val_range"], " / ".join(f"{v:.3f}" for v in c["val_per_seed"]), c["train"],
              c["gap"], c["bn_dev"], f"{c['diverged']} / {c['failed']}"] for (norm, b), c in cells.items()]
@@ -122,7 +111,7 @@ def plot(runs: Runs, out: Path) -> None:
     for i, norm in enumerate(NORMS):
         for j, b in enumerate(batches):
             rs = runs.where(norm=norm, batch_size=b)
-            vals = [v for v in (trained_loss(r) for r in rs) if v is not None]
+            vals = [v for v in (final_loss(r) for r in rs) if v is not None]
             axes[0].bar(j + i * width, mean(vals), width, color=f"C{i}", label=norm if j == 0 else None)
             axes[0].scatter([j + i * width] * len(vals), vals, color="k", s=8, zorder=3)
             if len(vals) < len(rs):  # diverged seeds are off the scale: say so on the bar

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, load, mean, metric_part, parse_args, spread, table, trained_loss, write
-from minillm.outcome import AMP_SCALE, layer_metric
+from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from minillm.outcome import AMP_SCALE, final_loss, parse_metric
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "peri")
@@ -27,7 +27,8 @@ SAME = 0.02  # a precision "does not change the result" when its val loss is wit
 
 def resid_block(key: str) -> int | None:
     """i when key is layer_metric(i, "resid_max"), the max |h| of the residual stream after block i."""
-    i = metric_part(key, layer_metric, "resid_max")
+    parsed = parse_metric(key)
+    i = parsed[1] if parsed and parsed[0] == "layer" and parsed[2] == "resid_max" else None
     return int(i) if i is not None and i.isdigit() else None
 
 
@@ -55,7 +56,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             if not rs:
                 continue
             per_run = [layer_max(r) for r in rs if resid_keys(r)]
-            c = {"val": mean(trained_loss(r) for r in rs), "range": spread(trained_loss(r) for r in rs),
+            c = {"val": mean(final_loss(r) for r in rs), "range": spread(final_loss(r) for r in rs),
                  "diverged": sum(bool(r.get("diverged")) for r in rs),
                  "max_h": mean(m[-1] for m in per_run), "max_h_run": max(r.get("max_abs_h") or 0 for r in rs),
                  "per_layer": [mean(v) for v in zip(*per_run, strict=True)],

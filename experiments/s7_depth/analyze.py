@@ -13,8 +13,8 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, failed, load, mean, parse_args, table, trained_loss, write
-from minillm.outcome import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS, is_stalled, loss_for_comparison
+from experiments.common.study import Runs, load, mean, parse_args, table, write
+from minillm.outcome import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS, failed_of, final_loss, is_stalled, loss_for_comparison
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "deepnorm")
@@ -72,8 +72,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for placement in PLACEMENTS:
         for depth in depths:
             rs = runs.where(placement=placement, n_layers=depth)
-            c = {"val": mean(trained_loss(r) for r in rs),
-                 "failed": sum(map(failed, rs)), "stalled": sum(map(stalled, rs)),
+            c = {"val": mean(final_loss(r) for r in rs),
+                 "failed": sum(map(failed_of, rs)), "stalled": sum(map(stalled, rs)),
                  "runs": len(rs),
                  "early": mean(early_update(r) for r in rs), "late": mean(late_update(r) for r in rs),
                  "max_grad_norm": max(r.get("max_grad_norm") or 0 for r in rs)}
@@ -86,7 +86,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     deep, shallow = max(depths), min(depths)
     per_seed = table(["placement", "seed", "final val loss", "best val loss", "unigram loss", "failed", "stalled",
                       "train loss, step 59", f"max update ratio, steps < {EARLY}"],
-                     [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], failed(r),
+                     [[r["placement"], r["seed"], val_loss(r), r["best_val_loss"], r["unigram_loss"], failed_of(r),
                        stalled(r), train_loss_at(r, 59), early_update(r)]
                       for p in PLACEMENTS for r in sorted(runs.where(placement=p, n_layers=deep),
                                                           key=lambda r: r["seed"])], digits=3)
