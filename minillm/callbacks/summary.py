@@ -27,7 +27,7 @@ class RunSummary(L.Callback):
     """Writes ``summary.json`` to ``trainer.default_root_dir`` after fit, after test, and on a crash.
 
     One flat JSON object (non-finite numbers written as null):
-      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim,
+      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
                weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
                unigram_loss (val loss of the train split's unigram frequencies, from the datamodule)
@@ -167,7 +167,7 @@ class RunSummary(L.Callback):
         }
         s.update(self.config)
         s["precision_used"] = str(trainer.precision)
-        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "qk_norm", "vocab_size", "max_seq_len",
+        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "qk_norm", "init", "vocab_size", "max_seq_len",
                     "norm_eps", "tie_embeddings"):
             s[key] = getattr(cfg, key, None)
         s.update({

@@ -1,0 +1,83 @@
+"""S7 confirmation, pre-registered: on fresh seeds, does Post-LN at L=48 stall where DeepNorm trains, and which
+of DeepNorm's two parts (the residual scale alpha, DeepNet's initialization) removes the stalls?
+
+This file, with its thresholds, was committed before any of its runs existed (the README names the commits).
+
+    python train.py -m experiment=s7_depth name=s7_confirm hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
+        model.n_layers=48 placement=post,deepnorm model.init=gpt2,deepnet seed=10,11,12,13,14,15,16,17,18,19 \\
+        callbacks.stability.every_n_steps=10
+    python -m experiments.s7_depth.confirm logs/s7_confirm/multiruns/<id>   # or no argument: committed runs
+
+Four arms, 10 fresh seeds each (seeds 0-9 were seen before: one of them motivated the "stalled" criterion):
+    post + gpt2      Post-LN as before (minillm's default init)
+    deepnorm + deepnet   DeepNorm as DeepNet defines it (alpha = (2L)^(1/4) and its init)
+    post + deepnet   DeepNet's initialization alone (no residual scale)
+    deepnorm + gpt2  the residual scale alone (GPT-2's initialization)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from experiments.common.machine import machine
+from experiments.common.study import load, mean, parse_args, table, write
+from experiments.s7_depth.analyze import HERE
+from minillm.outcome import TRAIN_LOSS, final_loss, is_stalled
+
+OUT = HERE / "confirm"
+# --- fixed before the runs ---------------------------------------------------------------------------------
+STALL_MARGIN = 0.25  # stalled: not diverged and final val loss >= unigram loss - 0.25 nats (minillm.outcome), with
+#                      the unigram loss of the evaluated windows (the corrected rule)
+CONFIRM_MIN_POST = 2  # confirmed: >= 2 of 10 Post-LN runs stall and 0 of 10 DeepNorm runs do ...
+ALPHA = 0.05  # ... and the one-sided Fisher exact test of "Post-LN stalls more often" gives p < 0.05
+SUFFICES_MAX = 1  # a part "suffices" when its arm stalls in at most 1 of 10 runs, while Post-LN stalls in >= 2
+ARMS = (("post", "gpt2"), ("deepnorm", "deepnet"), ("post", "deepnet"), ("deepnorm", "gpt2"))
+NAMES = {("post", "gpt2"): "Post-LN", ("deepnorm", "deepnet"): "DeepNorm (alpha + DeepNet init)",
+         ("post", "deepnet"): "DeepNet init only", ("deepnorm", "gpt2"): "alpha only"}
+
+
+def fisher_one_sided(a: int, n_a: int, b: int, n_b: int) -> float:
+    """P(an arm of n_a runs has >= a of the a + b events | a + b events among n_a + n_b runs): hypergeometric."""
+    k, n = a + b, n_a + n_b
+    return sum(math.comb(n_a, i) * math.comb(n_b, k - i) for i in range(a, min(k, n_a) + 1)) / math.comb(n, k)
+
+
+def stalled(run: dict) -> bool:
+    return is_stalled(run, STALL_MARGIN)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or OUT
+    runs = load(OUT, args.sweeps, lambda k: k == TRAIN_LOSS, out)
+    cells = {}
+    for arm in ARMS:
+        rs = sorted(runs.where(placement=arm[0], init=arm[1]), key=lambda r: r["seed"])
+        cells[arm] = {"runs": len(rs), "stalled": sum(map(stalled, rs)),
+                      "trained_loss": mean(final_loss(r) for r in rs if not stalled(r)),
+                      "per_seed": [(r["seed"], final_loss(r), stalled(r)) for r in rs],
+                      "unigram": mean(r["unigram_loss"] for r in rs)}
+    post, deep = cells[ARMS[0]], cells[ARMS[1]]
+    p = fisher_one_sided(post["stalled"], post["runs"], deep["stalled"], deep["runs"])
+    confirmed = post["stalled"] >= CONFIRM_MIN_POST and deep["stalled"] == 0 and p < ALPHA
+    suffices = {arm: post["stalled"] >= CONFIRM_MIN_POST and cells[arm]["stalled"] <= SUFFICES_MAX
+                for arm in ARMS[2:]}
+    rows = [[NAMES[arm], arm[0], arm[1], f"{c['stalled']}/{c['runs']}", c["trained_loss"],
+             ", ".join(f"{v:.3f}{'*' if s else ''}" for _, v, s in c["per_seed"])] for arm, c in cells.items()]
+    checks = [[f"Post-LN stalls in >= {CONFIRM_MIN_POST}/10, DeepNorm in 0/10, Fisher p < {ALPHA}",
+               f"{post['stalled']}/10 vs {deep['stalled']}/10, p = {p:.3f}", confirmed]]
+    checks += [[f"{NAMES[arm]} suffices (<= {SUFFICES_MAX}/10 stall while Post-LN has >= {CONFIRM_MIN_POST})",
+                f"{cells[arm]['stalled']}/10", suffices[arm]] for arm in ARMS[2:]]
+    md = (f"Machine: {machine()}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, 300 steps, seeds 10-19. "
+          f"Stalled: final val loss >= unigram loss of the evaluated windows ({post['unigram'] or float('nan'):.3f}) "
+          f"- {STALL_MARGIN}; * marks a stalled run.\n\n"
+          + table(["arm", "placement", "init", "stalled", "final val loss of the runs that trained (mean)",
+                   "final val loss per seed (10-19)"], rows)
+          + "\n\n" + table(["check (fixed before the runs)", "measured", "holds"], checks) + "\n")
+    write(out, {"cells": {f"{a[0]}+{a[1]}": c for a, c in cells.items()}, "fisher_p": p, "confirmed": confirmed,
+                "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "machine": machine()}, md)
+
+
+if __name__ == "__main__":
+    main()
