@@ -22,14 +22,15 @@ class PreemptionCheckpoint(L.Callback):
     """On SIGTERM (preemption, ``kill``, SLURM, Kubernetes), SIGUSR2 (submitit's and some clusters' warning
     before a time limit) or a first Ctrl-C, stop at the next step boundary and save a resumable checkpoint.
 
-    The signal is only recorded when it arrives. After each training step the processes decide together (one
-    all-reduce under DDP) whether any of them got one; if so, they stop after that step, or, when Lightning is
-    about to validate at that step, after the validation: a validation is never cut short, so the resumed run
-    sees the same validations as an uninterrupted one. The stop raises Lightning's ``SIGTERMException``; this
-    callback then saves ``<dirpath>/<filename>.ckpt`` in ``on_exception`` and sets the exit status to
-    128 + signal. For SIGUSR2, the handler that was installed before (submitit's, which requeues the job) runs
-    after the save. A second Ctrl-C aborts at once, saving nothing; a process started with SIGINT ignored keeps
-    ignoring it. Other exceptions save nothing (a step cut short is not a consistent state). The file is never
+    A single process decides when the signal arrives; several (DDP) record it and decide together after each
+    training step (one all-reduce), so all stop after the same step. The stop comes after the current step, or,
+    when Lightning validates at that step, after the validation: a validation is never cut short, so the
+    resumed run sees the same validations as an uninterrupted one. The stop raises Lightning's
+    ``SIGTERMException``; this callback then saves ``<dirpath>/<filename>.ckpt`` in ``on_exception`` and sets
+    the exit status to 128 + signal. For SIGUSR2, the handler that was installed before (submitit's, which
+    requeues the job) runs after the save. A second Ctrl-C aborts at once, saving nothing; a process started
+    with SIGINT ignored keeps ignoring it. Other exceptions save nothing (a step cut short is not a consistent
+    state). The file is never
     removed automatically.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
@@ -46,7 +47,7 @@ class PreemptionCheckpoint(L.Callback):
         self._after_validation = False  # stop when the coming (or running) validation ends
         self._validated_at = -1
         self._saving = False
-        self._save_point = "step end"  # where on_exception saves: a hook inside the step in forked processes
+        self._save_point = "step end"  # where the save happens: "validation end" / "next step" in forked processes
         self._stop_at_next_step = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
