@@ -30,8 +30,7 @@ class PreemptionCheckpoint(L.Callback):
     the exit status to 128 + signal. For SIGUSR2, the handler that was installed before (submitit's, which
     requeues the job) runs after the save. A second Ctrl-C aborts at once, saving nothing; a process started
     with SIGINT ignored keeps ignoring it. Other exceptions save nothing (a step cut short is not a consistent
-    state). The file is never
-    removed automatically.
+    state). The file is never removed automatically.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
     """
