@@ -4,8 +4,9 @@ No training step: build the model, run forward + backward on real Shakespeare ba
   - g_last  = ||dL/dW|| (Frobenius) of the LAST layer's ffn.w2 (Xiong et al.'s W^{2,L}); also of all three
               FFN matrices of the last layer (w1, w2, w3 together) as a second metric
   - per-layer ||dL/d ffn.w2|| for every layer (the shape of Xiong et al.'s Fig. 3)
-over placement {pre, post} x init {depth_scaled (minillm default), unscaled (depth_scaled_init=False)}
-x d {128, 256} x L {2, 4, 8, 16, 24} x seeds x batches. Norm: layernorm (as in the paper).
+over placement {pre, post} x init {depth_scaled (minillm default, model.init=gpt2), unscaled (gpt2 with
+depth_scaled_init=False), xavier (model.init=xavier: the paper's setting)} x d {128, 256} x L {2, 4, 8, 16, 24}
+x seeds x batches. Norm: layernorm (as in the paper).
 Fits the slope of log(g_last) vs log(L) (mean over seeds and batches) and decides with the thresholds below.
 
     .venv/bin/python -m experiments.s1_grad_at_init.run            # ~3-6 min on 2 CPU cores
@@ -32,7 +33,11 @@ OUT = Path(__file__).parent
 DIMS = (128, 256)
 DEPTHS = (2, 4, 8, 16, 24)
 PLACEMENTS = ("pre", "post")
-INITS = {"depth_scaled": True, "unscaled": False}
+INITS = {  # name -> ModelConfig fields
+    "depth_scaled": dict(init="gpt2"),
+    "unscaled": dict(init="gpt2", depth_scaled_init=False),
+    "xavier": dict(init="xavier"),  # added in the second round, with the threshold below, before its runs
+}
 SEEDS = (0, 1, 2)
 N_BATCHES = 2
 BATCH, SEQ = 16, 64
@@ -43,6 +48,9 @@ PER_LAYER_GROWS = (
     1.5  # Post-LN, deepest L: g(last layer) / g(first layer) >= 1.5 counts as "grows toward output"
 )
 PER_LAYER_FLAT = (0.5, 2.0)  # Pre-LN, deepest L: that ratio inside this range counts as "flat across layers"
+# Xiong et al.'s precondition for warmup (their Sec. 3): at the deepest L, Post-LN's last-layer gradient is larger
+# than Pre-LN's. Reported per init, next to the verdict (which counts the four checks above).
+POST_OVER_PRE = 1.0
 
 
 def batches(n: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
@@ -79,7 +87,7 @@ def main() -> None:
     t0 = time.time()
     data, vocab = batches(N_BATCHES)
     rows = []
-    for init, scaled in INITS.items():
+    for init, fields in INITS.items():
         for placement in PLACEMENTS:
             for d in DIMS:
                 for L in DEPTHS:
@@ -93,7 +101,7 @@ def main() -> None:
                             max_seq_len=SEQ,
                             norm="layernorm",
                             placement=placement,
-                            depth_scaled_init=scaled,
+                            **fields,
                         )
                         g = grads_at_init(cfg, data)
                         rows.append(dict(init=init, placement=placement, dim=d, n_layers=L, seed=seed, **g))
@@ -145,7 +153,10 @@ def main() -> None:
         post_grows = all(f["post", d]["last_over_first"] >= PER_LAYER_GROWS for d in DIMS)
         pre_flat = all(PER_LAYER_FLAT[0] <= f["pre", d]["last_over_first"] <= PER_LAYER_FLAT[1] for d in DIMS)
         n = sum((post_flat, pre_half, post_grows, pre_flat))
+        post_over_pre = {d: f["post", d]["g_last_w2"][-1] / f["pre", d]["g_last_w2"][-1] for d in DIMS}
         return dict(
+            post_over_pre_deepest=post_over_pre,
+            post_larger_than_pre=all(r > POST_OVER_PRE for r in post_over_pre.values()),
             post_flat=post_flat,
             pre_minus_half=pre_half,
             post_per_layer_grows=post_grows,
@@ -168,6 +179,7 @@ def main() -> None:
             seq_len=SEQ,
             n_heads=4,
             init_std=0.02,
+            inits=INITS,
             data="Shakespeare train windows, data seed 1337",
         ),
         thresholds=dict(
@@ -175,6 +187,7 @@ def main() -> None:
             pre_range=PRE_RANGE,
             per_layer_grows=PER_LAYER_GROWS,
             per_layer_flat=PER_LAYER_FLAT,
+            post_over_pre=POST_OVER_PRE,
         ),
         verdicts={init: verdict(init) for init in INITS},
         fits=fits,
@@ -194,8 +207,9 @@ def main() -> None:
 
 def plot(fits: list[dict]) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, init in zip(axes, INITS, strict=True):
+    inits = list(dict.fromkeys(f["init"] for f in fits))
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.5 * len(inits), 4.2), sharey=True)
+    for ax, init in zip(axes, inits, strict=True):
         for f in (x for x in fits if x["init"] == init):
             style = "-" if f["placement"] == "pre" else "--"
             ax.loglog(
@@ -220,8 +234,8 @@ def plot(fits: list[dict]) -> None:
     axes[0].set_ylabel("||grad W2|| of the last layer at init")
     save(fig, OUT / "g_last_vs_depth.png")
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, init in zip(axes, INITS, strict=True):
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.5 * len(inits), 4.2), sharey=True)
+    for ax, init in zip(axes, inits, strict=True):
         for f in (x for x in fits if x["init"] == init):
             style = "-" if f["placement"] == "pre" else "--"
             ax.semilogy(
