@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -348,7 +349,8 @@ def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(
         ckpt = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=False)
         assert ckpt["global_step"] == 2
         assert all(t.isfinite().all() for t in ckpt["state_dict"].values() if t.is_floating_point())
-    assert not (run / "samples.txt").exists()  # no sample from NaN weights, and no crash
+    samples = (run / "samples.txt").read_text()  # the step-2 validation's sample; none from NaN weights, no crash
+    assert re.findall(r"^step (\d+):$", samples, flags=re.M) == ["2"]
 
 
 def test_a_crashed_run_is_failed_in_its_summary_even_with_a_good_validation(tmp_path, corpus):
