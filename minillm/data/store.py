@@ -20,6 +20,7 @@ splits together, val taking ``val_fraction`` of them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -225,17 +226,25 @@ def _map(ds: Any, fn: Any, pieces: bool, work: Path, name: str, procs: int) -> A
     kw = dict(batched=True, batch_size=ROWS_PER_BATCH[pieces], remove_columns=ds.column_names)
     if not isinstance(ds, datasets.Dataset):
         return ds.with_format("arrow").map(fn, **kw)
-    env = os.environ.get("TOKENIZERS_PARALLELISM")
-    if procs > 1:  # forked workers each encode on one thread (and do not warn about the fork)
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
+    with _environ(TOKENIZERS_PARALLELISM="false" if procs > 1 else None):  # forked workers: one thread each
         return ds.with_format("arrow").map(fn, num_proc=procs if procs > 1 else None, writer_batch_size=16,
-                                           cache_file_name=str(work / f"{name}.arrow"),
+                                           cache_file_name=str(work / f"{name}.arrow"), load_from_cache_file=False,
                                            new_fingerprint=f"{name}-{uuid.uuid4().hex}", **kw)
+
+
+@contextlib.contextmanager
+def _environ(**values: str | None) -> Iterator[None]:
+    """Set environment variables (None: leave it alone) for the duration of a block."""
+    old = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
     finally:
-        if procs > 1:
-            os.environ.pop("TOKENIZERS_PARALLELISM") if env is None else os.environ.update(
-                TOKENIZERS_PARALLELISM=env)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # --- tokenizer --------------------------------------------------------------------------------------------
@@ -317,8 +326,9 @@ def write_split(ds: Any, tok: Tokenizer, separate: bool, pieces: bool, file: Pat
     encoded = _map(ds, encode, pieces, work, file.stem, procs)
     n, cut = 0, False
     with open(file, "wb") as f:
-        for table in encoded.with_format("arrow").iter(batch_size=1):  # one row per batch of documents
-            ids = table.column("ids").combine_chunks().flatten().to_numpy()
+        for batch in _batches(encoded):  # one row per batch of documents
+            ids = pa.concat_arrays([c.flatten() for c in batch.column("ids").chunks]
+                                   if isinstance(batch, pa.Table) else [batch.column("ids").flatten()]).to_numpy()
             if budget is not None and n + len(ids) >= budget:
                 ids, cut = ids[: budget - n], True
             f.write(ids.tobytes())
@@ -331,6 +341,18 @@ def write_split(ds: Any, tok: Tokenizer, separate: bool, pieces: bool, file: Pat
         n -= len(sep)
         os.truncate(file, n * dtype.itemsize)
     return n
+
+
+def _batches(encoded: Any) -> Iterator[pa.RecordBatch | pa.Table]:
+    """The rows of a map's output in order. A Dataset's Arrow cache files are read with plain reads rather than
+    through datasets' memory map, whose pages would stay in this process's RSS: the corpus's worth of them."""
+    files = [f["filename"] for f in encoded.cache_files] if isinstance(encoded, datasets.Dataset) else []
+    if not files or encoded._indices is not None:  # streaming (no files), or rows selected from the files
+        yield from encoded.with_format("arrow").iter(batch_size=1)
+        return
+    for name in files:
+        with pa.OSFile(name) as f:
+            yield from pa.ipc.open_stream(f)
 
 
 def split_tail(train: Path, val: Path, n: int, val_fraction: float, dtype: np.dtype) -> tuple[int, int]:
