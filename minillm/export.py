@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers
 from torch import Tensor
 
-from minillm.data import ByteTokenizer, CharTokenizer
+from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer
 from minillm.hub import MinillmHub, load_checkpoint
 from minillm.model import ModelConfig, Transformer
 
@@ -118,8 +118,14 @@ def _byte_tokenizer(tok: ByteTokenizer) -> tokenizers.Tokenizer:
     return out
 
 
+def _hf_tokenizer(tok: HFTokenizer) -> tokenizers.Tokenizer:
+    """A BPE trained by minillm, a tokenizer.json or a Hub tokenizer: already a ``tokenizers.Tokenizer`` (a copy)."""
+    return tokenizers.Tokenizer.from_str(tok.state_dict()["json"])
+
+
 TOKENIZER_EXPORTS: dict[str, Callable[[Any], tokenizers.Tokenizer]] = {"char": _char_tokenizer,
-                                                                       "byte": _byte_tokenizer}
+                                                                       "byte": _byte_tokenizer,
+                                                                       "bpe": _hf_tokenizer, "hf": _hf_tokenizer}
 
 
 def hf_tokenizer(tok: Any) -> tokenizers.Tokenizer:
@@ -135,11 +141,20 @@ def hf_tokenizer(tok: Any) -> tokenizers.Tokenizer:
 
 
 def save_tokenizer(tok: Any, out_dir: Path, model_max_length: int) -> None:
-    """tokenizer.json + tokenizer_config.json, loadable with transformers.AutoTokenizer (no special tokens)."""
-    hf_tokenizer(tok).save(str(out_dir / "tokenizer.json"))
+    """tokenizer.json + tokenizer_config.json, loadable with transformers.AutoTokenizer (no special tokens added to
+    text; a BPE's end-of-document token is named as eos_token)."""
+    hf = hf_tokenizer(tok)
+    hf.save(str(out_dir / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
+    eos_id = getattr(tok, "eos_id", None)
+    if eos_id is not None:
+        config["eos_token"] = hf.id_to_token(eos_id)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+TOKENIZER_NAMES = {"char": "char-level", "byte": "byte-level", "bpe": "byte-level BPE trained on the corpus",
+                   "hf": "a Hugging Face tokenizer"}
 
 
 # --- export ---------------------------------------------------------------------------------------------
@@ -164,8 +179,9 @@ def model_card(meta: dict, model: Transformer, tok: Any, fmt: str) -> str:
         f"- normalization: norm={m['norm']} (eps {m['norm_eps']}, options {m['norm_options'] or {}}), "
         f"placement={m['placement']}, qk_norm={m['qk_norm']}" + (f", per-layer {m['layers']}" if m["layers"] else ""),
         f"- training: {steps if steps is not None else 'unknown'} optimizer steps, from `{Path(meta['path']).name}`",
-        f"- tokenizer: {tok.kind if hasattr(tok, 'kind') else 'tokenizers'}-level, vocabulary {m['vocab_size']}, "
-        "no special tokens (ids are minillm's)",
+        f"- tokenizer: {TOKENIZER_NAMES.get(getattr(tok, 'kind', None), 'tokenizers')}, vocabulary "
+        f"{m['vocab_size']}, " + ("documents end with the eos token; " if getattr(tok, "eos_id", None) is not None
+                                  else "no special tokens; ") + "ids are minillm's",
         "", "```python", f"path = {'.'!r}  # this folder", load, "```", "",
         f"minillm generates with a sliding window of the last {m['max_seq_len']} tokens; other runtimes may "
         "instead continue the positions beyond the trained context.", "",

@@ -70,9 +70,14 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint {str(path)!r}: weights do not fit its model config "
                               f"({str(err).splitlines()[0]})") from None
+    try:  # char, byte, or a Hugging Face tokenizer (bpe, tokenizer.json, hf:) stored as its JSON
+        tok = tokenizer_from_state(tok_state)
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {str(path)!r}: its tokenizer cannot be rebuilt "
+                              f"({' '.join(str(err).split())[:160]})") from None
     meta = {"model": model_cfg, "global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch"),
             "hyper_parameters": hparams, "path": str(path)}
-    return model.to(device).eval(), tokenizer_from_state(tok_state), meta
+    return model.to(device).eval(), tok, meta
 
 
 class MinillmHub(Transformer, PyTorchModelHubMixin, library_name="minillm", tags=["minillm"]):

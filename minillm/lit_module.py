@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 
 from minillm.checkpointing import check_model_config
 from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
@@ -98,8 +98,11 @@ class LitLM(L.LightningModule):
         self.compiled_forward = (torch.compile(self.model.forward, backend=compile_backend, mode=compile_mode)
                                  if compile else None)
         self.eager_forward = False
-        self.bits_per_token: float | None = None  # set from the data's tokenizer in setup()
+        self.bits_per_token: float | None = None  # bits/char per nats/token, for the char tokenizer (setup())
+        self.token_bytes: Tensor | None = None  # (V,) UTF-8 bytes of each token, from the tokenizer (setup())
         self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
+        # nats and UTF-8 bytes of the evaluated targets (fp64 sums, synced over processes like eval_ce)
+        self.eval_nats, self.eval_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
 
     def setup(self, stage: str) -> None:
         try:
@@ -107,7 +110,10 @@ class LitLM(L.LightningModule):
         except RuntimeError:  # not attached to a Trainer
             datamodule = None
         tokenizer = getattr(datamodule, "tokenizer", None)
-        self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None)
+        is_char = getattr(tokenizer, "unit", None) == "char"
+        self.bits_per_token = getattr(tokenizer, "bits_per_char_factor", None) if is_char else None
+        table = getattr(tokenizer, "token_bytes", None)
+        self.token_bytes = torch.as_tensor(table, dtype=torch.float64) if table is not None else None
 
     def forward(self, idx: Tensor) -> Tensor:
         if self.compiled_forward is not None and not self.eager_forward:
@@ -136,11 +142,23 @@ class LitLM(L.LightningModule):
 
     def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch
-        _, ce = self.loss(self(x), y)
+        logits = self(x)  # (B, T, V)
+        _, ce = self.loss(logits, y)
         self.eval_ce.update(ce, weight=y.numel())
+        if self.token_bytes is not None:
+            if self.token_bytes.device != y.device:
+                self.token_bytes = self.token_bytes.to(y.device)
+            nbytes = self.token_bytes[y.flatten()]  # (B*T,) 0 for special tokens (end of document)
+            nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,)
+            self.eval_nats.update((nats.double() * (nbytes > 0)).sum())
+            self.eval_bytes.update(nbytes.sum())
 
     def _eval_epoch_end(self, stage: str) -> None:
-        """loss = mean CE over every evaluated token (all processes); ppl = exp(loss); bpc = loss in bits."""
+        """Metrics of one val/test pass over every evaluated token of every process:
+        loss = mean cross entropy (nats/token); ppl = exp(loss);
+        bpb = sum of the targets' nats / ln 2 / sum of the targets' UTF-8 bytes (targets that are special tokens,
+        0 bytes, count in neither sum), comparable across tokenizers;
+        bpc (char tokenizer only) = loss / ln 2, bits per character."""
         ce = self.eval_ce.compute()
         self.eval_ce.reset()
         # ce is already the mean over every process (MeanMetric syncs); sync_dist only confirms it to Lightning
@@ -148,6 +166,11 @@ class LitLM(L.LightningModule):
         self.log(f"{stage}/ppl", ce.exp(), sync_dist=True)
         if self.bits_per_token:
             self.log(f"{stage}/bpc", ce * self.bits_per_token, sync_dist=True)
+        if self.token_bytes is not None:
+            nats, nbytes = self.eval_nats.compute(), self.eval_bytes.compute()  # summed over processes
+            self.eval_nats.reset()
+            self.eval_bytes.reset()
+            self.log(f"{stage}/bpb", (nats / math.log(2) / nbytes.clamp(min=1)).float(), sync_dist=True)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""

@@ -50,11 +50,12 @@ def norm_metric(site: str, name: str) -> str:
 # --- the outcome ---------------------------------------------------------------------------------------------
 
 
-def unigram_loss(train_counts: np.ndarray, targets: np.ndarray) -> float:
-    """Cross entropy (nats/token) of ``targets`` under the add-one smoothed frequencies ``train_counts`` (V,):
-    what a model that ignores all context scores on exactly those tokens."""
-    counts = np.asarray(train_counts, dtype=np.float64) + 1.0
-    return float(-np.log(counts / counts.sum())[np.asarray(targets, dtype=np.int64)].mean())
+def unigram_loss(train_counts: np.ndarray, target_counts: np.ndarray) -> float:
+    """Cross entropy (nats/token) of targets with the token counts ``target_counts`` (V,) under the add-one
+    smoothed frequencies ``train_counts`` (V,): what a model that ignores all context scores on those tokens."""
+    train = np.asarray(train_counts, dtype=np.float64) + 1.0
+    targets = np.asarray(target_counts, dtype=np.float64)
+    return float(targets @ -np.log(train / train.sum()) / targets.sum())
 
 
 def _finite(value: Any) -> bool:

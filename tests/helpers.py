@@ -172,3 +172,45 @@ def read_wandb_run(folder: Path) -> dict:
         elif kind == "metric" and record.metric.name:
             defined[record.metric.name] = record.metric.summary
     return {"id": run_id, "history": history, "summary": summary, "defined": defined, "folder": Path(folder)}
+
+
+# --- data layer (tests/test_data*.py) -------------------------------------------------------------------------
+
+
+def mixed_text(n: int = 6000, seed: int = 0) -> str:
+    """Deterministic pseudo-text of n words with a few non-ASCII characters (é, ï, —)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    words = ["the", "king", "queen", "café", "naïve", "to", "be", "or", "not", "—", "\n"]
+    return " ".join(rng.choice(words, size=n).tolist())
+
+
+def make_dm(corpus: Path, tmp_path: Path, **kw):
+    """A prepared and set-up TextDataModule over local files, its token store under tmp_path / "cache"."""
+    from minillm.data import TextDataModule
+
+    args = dict(source="files", files=[str(corpus)], seq_len=16, batch_size=4, cache_dir=str(tmp_path / "cache"))
+    dm = TextDataModule(**{**args, **kw})
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def batches(loader, n: int | None = None) -> list:
+    import itertools
+
+    return list(itertools.islice(loader, n))
+
+
+def legacy_char_stream(docs: list[str], val_fraction: float = 0.1):
+    """The char data of minillm before the token store, by its formulas: documents stripped and joined with blank
+    lines into one string, CharTokenizer.from_text of it, encoded whole, split at int(N * (1 - val_fraction)).
+    Returns (tokenizer, train ids, val ids)."""
+    from minillm.data import CharTokenizer, token_dtype
+
+    text = "\n\n".join(t.strip() for t in docs if t and t.strip())
+    tok = CharTokenizer.from_text(text)
+    ids = tok.encode(text).astype(token_dtype(tok.vocab_size))
+    n_train = int(len(ids) * (1.0 - val_fraction))
+    return tok, ids[:n_train], ids[n_train:]

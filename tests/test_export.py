@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from minillm.data import ByteTokenizer, CharTokenizer, TextDataModule
+from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer, TextDataModule
 from minillm.export import byte_alphabet, hf_tokenizer, llama_incompatibilities
 from minillm.export import main as export_main
 from minillm.hub import MinillmHub, load_checkpoint
@@ -130,6 +130,28 @@ def test_llama_export_matches_minillm_in_transformers(name, ckpts, tmp_path):
     model.rope_sin.copy_(sin[0, :, : cfg.head_dim // 2])
     with torch.no_grad():  # the rest of the difference was RoPE's rounding (measured: bit-identical logits)
         assert (model(x) - hf(x).logits).abs().max().item() < 1e-6
+
+
+def test_a_bpe_checkpoint_exports_a_tokenizer_that_encodes_like_minillm(corpus, tmp_path):
+    """data.tokenizer=bpe: the checkpoint rebuilds the trained BPE, and the export's AutoTokenizer gives its ids."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = fit_checkpoint(tmp_path / "bpe.ckpt", corpus, "bpe")
+    model, tok, _ = load_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=True)["TextDataModule"]["tokenizer"]
+    assert isinstance(tok, HFTokenizer) and tok.kind == "bpe" and tok.state_dict() == saved
+    assert 257 < tok.vocab_size == model.cfg.vocab_size
+    assert export_main([ckpt, str(tmp_path / "hf")]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = TEXT + ", caf\u00e9 \u65e5\u672c \U0001f600"  # unseen characters: byte tokens
+    ids = tok.encode(text).tolist()
+    assert hf_tok(text)["input_ids"] == ids and hf_tok.decode(ids) == text == tok.decode(ids)
+    assert hf_tok.eos_token == "<|endoftext|>" and hf_tok.eos_token_id == tok.eos_id == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    x = torch.tensor([ids[:SEQ]])
+    with torch.no_grad():
+        assert (model(x) - hf(x).logits).abs().max().item() < LOGIT_ATOL
 
 
 def test_exported_tokenizers_have_minillm_ids_for_every_token():

@@ -30,7 +30,8 @@ class RunSummary(L.Callback):
       config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
                weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
-               unigram_loss (val loss of the train split's unigram frequencies, from the datamodule)
+               unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
+               from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
       results  status (completed | diverged | failed | preempted: stopped by a signal, to be resumed; failed is
                null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, diverged,
                diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,

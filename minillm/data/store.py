@@ -1,0 +1,368 @@
+"""Token store: documents -> tokenizer -> flat token files read through np.memmap, prepared once and shared.
+
+A store is a folder ``<cache_dir>/<source>-<tokenizer>-<key>/``:
+
+    train.bin, val.bin   the ids of each split back to back (little-endian uint8 / uint16 / uint32, meta "dtype")
+    tokenizer.json       the Hugging Face tokenizer (bpe, tokenizer.json, hf:), for use outside minillm
+    meta.json            written last, so its presence marks a complete store: sizes, dtype, the tokenizer's
+                         state_dict, what the corpus was (file sizes and mtimes, or hub name and revision)
+
+The key hashes the corpus *metadata* (`corpus.fingerprint`), the tokenizer and the split settings, so a hit
+opens two memory maps without reading any text. A miss builds the store in a temp folder next to it and renames
+it into place; a lock file makes other processes (DDP ranks, simultaneous runs) wait for it instead of preparing
+too, and the rename keeps a crash or a lock-less file system from leaving a half-written store.
+
+Each split is one stream: the tokens of its documents with the tokenizer's separator (a blank line for char and
+byte, the end-of-document token for bpe) between documents. Without a validation split of its own, the last
+``val_fraction`` of the stream validates (contiguous, like nanoGPT). ``max_tokens`` caps the tokens of both
+splits together, val taking ``val_fraction`` of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from filelock import FileLock, Timeout
+
+from minillm.config import DataError
+from minillm.data.corpus import CorpusSpec, Documents, fingerprint, load_documents
+from minillm.data.tokenizer import (
+    DOC_SEPARATOR,
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    _code_points,
+    load_tokenizer,
+    token_dtype,
+    tokenizer_from_state,
+    train_bpe,
+)
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 2  # bump when the store layout or tokenization changes
+ROWS_PER_BATCH = {False: 1000, True: 16}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
+SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
+COPY = 1 << 24  # tokens per chunk when moving the held-out tail
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Everything that decides a store's contents (num_proc only decides how fast it is built)."""
+
+    corpus: CorpusSpec = field(default_factory=CorpusSpec)
+    tokenizer: str = "char"
+    vocab_size: int = 4096  # bpe only
+    val_fraction: float = 0.1
+    max_tokens: int | None = None
+    bpe_train_bytes: int | None = None  # bpe only: train on at most this many bytes of the train split
+    num_proc: int | None = None
+
+    @property
+    def tag(self) -> str:
+        """The tokenizer in the folder name: char, byte, bpe4096, json (a file), hf-<name>."""
+        if self.tokenizer == "bpe":
+            return f"bpe{self.vocab_size}"
+        if self.tokenizer.startswith("hf:"):
+            return "hf-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", self.tokenizer[3:])
+        return self.tokenizer if self.tokenizer in ("char", "byte") else "json"
+
+    def key(self) -> str:
+        """sha256 of the corpus fingerprint, the tokenizer and the split settings (reads no text)."""
+        tok: Any = self.tokenizer
+        if self.tokenizer == "bpe":
+            tok = [tok, self.vocab_size, self.bpe_train_bytes]
+        elif self.tokenizer.endswith(".json"):
+            st = Path(self.tokenizer).expanduser().stat()
+            tok = [str(Path(self.tokenizer).expanduser().resolve()), st.st_size, st.st_mtime_ns]
+        payload = {"version": CACHE_VERSION, "corpus": fingerprint(self.corpus), "tokenizer": tok,
+                   "val_fraction": self.val_fraction, "max_tokens": self.max_tokens}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class TokenStore:
+    path: Path
+    tokenizer: Tokenizer
+    train: np.ndarray  # (N_train,) np.memmap
+    val: np.ndarray  # (N_val,)
+    meta: dict[str, Any]
+    hit: bool  # found complete (prepared earlier, or by another process while this one waited)
+
+
+def store_path(spec: StoreSpec, cache_dir: str | os.PathLike) -> Path:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.corpus.name)
+    return Path(cache_dir).expanduser() / f"{name}-{spec.tag}-{spec.key()[:16]}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "meta.json").is_file()
+
+
+def _memmap(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
+    size = path.stat().st_size
+    if size != n * dtype.itemsize:
+        raise ValueError(f"{path.name} holds {size} bytes, meta.json says {n} {dtype} tokens")
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+
+
+def open_store(path: Path, hit: bool = True) -> TokenStore:
+    """Open a complete store: read meta.json and map the token files (no copy)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        dtype = np.dtype(meta["dtype"])
+        train, val = (_memmap(path / f"{s}.bin", dtype, int(meta[f"n_{s}"])) for s in ("train", "val"))
+        tokenizer = tokenizer_from_state(meta["tokenizer"])
+    except Exception as err:  # truncated token files, edited JSON, a half-deleted folder
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise DataError(f"token cache {str(path)!r} is unreadable ({reason}); delete that folder and run again "
+                        "(it is rebuilt from the corpus)") from err
+    return TokenStore(path, tokenizer, train, val, meta, hit)
+
+
+def prepare_store(spec: StoreSpec, cache_dir: str | os.PathLike) -> TokenStore:
+    """Open the store of `spec`, building it first if it does not exist; concurrent callers wait for one build."""
+    path = store_path(spec, cache_dir)
+    if is_complete(path):
+        return open_store(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path.parent / f".{path.name}.lock"))  # flock: the OS releases it if this process dies
+    try:
+        lock.acquire(timeout=1)
+    except Timeout:
+        log.info("data: another process is preparing %s; waiting for it", path)
+        lock.acquire()
+    try:
+        if is_complete(path):
+            return open_store(path)
+        build_store(spec, path)
+    finally:
+        Path(lock.lock_file).unlink(missing_ok=True)  # later callers find the store complete and never lock
+        lock.release()
+    return open_store(path, hit=False)
+
+
+# --- building -----------------------------------------------------------------------------------------------
+
+
+def build_store(spec: StoreSpec, path: Path) -> None:
+    """Tokenize the corpus into a temp folder beside `path`, then rename it to `path` (atomic)."""
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work = tmp / "work"  # Arrow files of `datasets` (text of local files, tokenized batches): deleted at the end
+    start = time.time()
+    try:
+        work.mkdir(parents=True)
+        docs = load_documents(spec.corpus, work, spec.num_proc)
+        procs = spec.num_proc or _auto_num_proc(docs.train)
+        tok, separate = make_tokenizer(spec, docs, work, procs)
+        dtype = token_dtype(tok.vocab_size)
+        total = spec.max_tokens
+        val_budget = max(1, int(total * spec.val_fraction)) if total and docs.val is not None else None
+        write = functools.partial(write_split, tok=tok, separate=separate, pieces=docs.pieces, work=work, procs=procs)
+        n = write(docs.train, file=tmp / "train.bin", budget=total and total - (val_budget or 0))
+        if n == 0:
+            raise DataError(f"data.source={spec.corpus.source!r} gave an empty corpus")
+        if docs.val is not None:
+            n_train, n_val = n, write(docs.val, file=tmp / "val.bin", budget=val_budget)
+        else:
+            n_train, n_val = split_tail(tmp / "train.bin", tmp / "val.bin", n, spec.val_fraction, dtype)
+        meta = {"version": CACHE_VERSION, "key": spec.key(), "dtype": dtype.name, "n_train": n_train,
+                "n_val": n_val, "val": "split" if docs.val is not None else f"last {spec.val_fraction} of the stream",
+                "tokenizer": tok.state_dict(), "corpus": fingerprint(spec.corpus),
+                "settings": {k: v for k, v in asdict(spec).items() if k not in ("corpus", "num_proc")},
+                "num_proc": procs, "seconds": round(time.time() - start, 3)}
+        del docs
+        shutil.rmtree(work)
+        if isinstance(tok, HFTokenizer):
+            tok.hf.save(str(tmp / "tokenizer.json"))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # written last: marks the store complete
+        try:
+            os.replace(tmp, path)  # atomic; fails if another writer already put a store there
+        except OSError:
+            if not is_complete(path):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _auto_num_proc(ds: datasets.Dataset | datasets.IterableDataset) -> int:
+    if not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS:
+        return 1
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _texts(table: pa.Table, pieces: bool) -> tuple[list[str], list[bool]]:
+    """The texts of a batch of rows and whether each ends a document: documents are stripped, empty ones dropped;
+    pieces of plain-text files come stripped and carry their own "end"."""
+    texts = table.column("text").to_pylist()
+    if pieces:
+        return texts, table.column("end").to_pylist()
+    texts = [s for s in (t.strip() for t in texts if t) if s]
+    return texts, [True] * len(texts)
+
+
+def _map(ds: Any, fn: Any, pieces: bool, work: Path, name: str, procs: int) -> Any:
+    """``ds.map(fn, batched=True)`` on Arrow batches: in `procs` processes into work/<name>.arrow for a Dataset,
+    lazily for an IterableDataset (streaming)."""
+    kw = dict(batched=True, batch_size=ROWS_PER_BATCH[pieces], remove_columns=ds.column_names)
+    if not isinstance(ds, datasets.Dataset):
+        return ds.with_format("arrow").map(fn, **kw)
+    with _environ(TOKENIZERS_PARALLELISM="false" if procs > 1 else None):  # forked workers: one thread each
+        return ds.with_format("arrow").map(fn, num_proc=procs if procs > 1 else None, writer_batch_size=16,
+                                           cache_file_name=str(work / f"{name}.arrow"), load_from_cache_file=False,
+                                           new_fingerprint=f"{name}-{uuid.uuid4().hex}", **kw)
+
+
+@contextlib.contextmanager
+def _environ(**values: str | None) -> Iterator[None]:
+    """Set environment variables (None: leave it alone) for the duration of a block."""
+    old = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# --- tokenizer --------------------------------------------------------------------------------------------
+
+
+def _chars_of_rows(table: pa.Table, pieces: bool) -> pa.Table:
+    texts, ends = _texts(table, pieces)
+    codes = np.unique(_code_points("".join(texts)))
+    return pa.table({"codes": pa.array([codes], pa.list_(pa.uint32())), "docs": pa.array([sum(ends)], pa.int64())})
+
+
+def char_vocab(docs: Documents, work: Path, procs: int) -> tuple[str, bool]:
+    """The sorted characters of every split (one pass over the text), with the separator's when a split has
+    two documents or more: the vocabulary of the joined text. Also whether any split has two documents."""
+    chars, sep = set(), False
+    for i, ds in enumerate(d for d in (docs.train, docs.val) if d is not None):
+        rows = _map(ds, functools.partial(_chars_of_rows, pieces=docs.pieces), docs.pieces, work, f"chars{i}", procs)
+        table = rows.with_format("arrow")[:]
+        chars |= set(map(chr, pc.unique(table.column("codes").combine_chunks().flatten()).to_pylist()))
+        sep |= (pc.sum(table.column("docs")).as_py() or 0) >= 2
+    return "".join(sorted(chars | (set(DOC_SEPARATOR) if sep else set()))), sep
+
+
+def bpe_texts(spec: StoreSpec, docs: Documents) -> Iterator[list[str]]:
+    """Batches of train text for the BPE: the first (1 - val_fraction) of the train split's bytes (when val is
+    that tail), at most bpe_train_bytes; the row that crosses the limit gives its first bytes."""
+    limit = float(spec.bpe_train_bytes or math.inf)
+    if docs.val is None and isinstance(docs.train, datasets.Dataset):
+        lengths = (pc.sum(pc.binary_length(t.column("text"))).as_py() or 0
+                   for t in docs.train.with_format("arrow").iter(batch_size=10_000))
+        limit = min(limit, (1.0 - spec.val_fraction) * sum(lengths))
+    seen = 0
+    for table in docs.train.with_format("arrow").iter(batch_size=ROWS_PER_BATCH[docs.pieces]):
+        sizes = np.asarray(pc.binary_length(table.column("text")).fill_null(0), dtype=np.int64)
+        keep = int(np.searchsorted(seen + np.cumsum(sizes), limit, side="right"))
+        texts = _texts(table.slice(0, keep), docs.pieces)[0]
+        if keep < table.num_rows:
+            rest = int(limit - seen - sizes[:keep].sum())
+            texts.append((table.column("text")[keep].as_py() or "").encode()[:rest].decode(errors="ignore"))
+        yield texts
+        seen += int(sizes.sum())
+        if keep < table.num_rows:
+            return
+
+
+def make_tokenizer(spec: StoreSpec, docs: Documents, work: Path, procs: int) -> tuple[Tokenizer, bool]:
+    """The tokenizer, and whether documents need separators (not for char data of one document per split,
+    whose vocabulary then may lack the separator's character)."""
+    if spec.tokenizer == "char":
+        chars, separate = char_vocab(docs, work, procs)
+        if not chars:
+            raise DataError(f"data.source={spec.corpus.source!r} gave an empty corpus")
+        if len(chars) < 2:
+            raise DataError(f"the corpus has a vocabulary of {len(chars)} symbol ({chars!r}): there is nothing to "
+                            "predict; use a corpus with at least two distinct characters")
+        return CharTokenizer(chars), separate
+    if spec.tokenizer == "byte":
+        return ByteTokenizer(), True
+    if spec.tokenizer == "bpe":
+        return train_bpe(bpe_texts(spec, docs), spec.vocab_size), True
+    return load_tokenizer(spec.tokenizer), True
+
+
+# --- token files ------------------------------------------------------------------------------------------
+
+
+def _encode_rows(table: pa.Table, tokenizer: Tokenizer, pieces: bool, separate: bool, dtype: str) -> pa.Table:
+    """One output row per batch: the batch's token ids, separators included."""
+    ids = tokenizer.encode_documents(*_texts(table, pieces), separate).astype(dtype)
+    return pa.table({"ids": pa.ListArray.from_arrays(pa.array([0, len(ids)], pa.int32()), pa.array(ids))})
+
+
+def write_split(ds: Any, tok: Tokenizer, separate: bool, pieces: bool, file: Path, budget: int | None,
+                work: Path, procs: int) -> int:
+    """Tokenize a split (datasets' map) and append its ids to `file`, at most `budget` of them. The separator
+    after the last document is dropped (it separates nothing). Returns the number of tokens written."""
+    dtype = token_dtype(tok.vocab_size)
+    encode = functools.partial(_encode_rows, tokenizer=tok, pieces=pieces, separate=separate, dtype=dtype.name)
+    encoded = _map(ds, encode, pieces, work, file.stem, procs)
+    n, cut = 0, False
+    with open(file, "wb") as f:
+        for batch in _batches(encoded):  # one row per batch of documents
+            ids = pa.concat_arrays([c.flatten() for c in batch.column("ids").chunks]
+                                   if isinstance(batch, pa.Table) else [batch.column("ids").flatten()]).to_numpy()
+            if budget is not None and n + len(ids) >= budget:
+                ids, cut = ids[: budget - n], True
+            f.write(ids.tobytes())
+            n += len(ids)
+            if cut:
+                break
+    sep = tok.separator if separate else np.zeros(0, np.int64)
+    tail = np.fromfile(file, dtype, offset=(n - len(sep)) * dtype.itemsize) if 0 < len(sep) <= n else None
+    if not cut and tail is not None and np.array_equal(tail, sep):
+        n -= len(sep)
+        os.truncate(file, n * dtype.itemsize)
+    return n
+
+
+def _batches(encoded: Any) -> Iterator[pa.RecordBatch | pa.Table]:
+    """The rows of a map's output in order. A Dataset's Arrow cache files are read with plain reads rather than
+    through datasets' memory map, whose pages would stay in this process's RSS: the corpus's worth of them."""
+    files = [f["filename"] for f in encoded.cache_files] if isinstance(encoded, datasets.Dataset) else []
+    if not files or encoded._indices is not None:  # streaming (no files), or rows selected from the files
+        yield from encoded.with_format("arrow").iter(batch_size=1)
+        return
+    for name in files:
+        with pa.OSFile(name) as f:
+            yield from pa.ipc.open_stream(f)
+
+
+def split_tail(train: Path, val: Path, n: int, val_fraction: float, dtype: np.dtype) -> tuple[int, int]:
+    """Move the last val_fraction of the stream in `train` to `val`: the first int(n * (1 - val_fraction)) tokens
+    train, the rest validate."""
+    n_train = int(n * (1.0 - val_fraction))
+    stream = np.memmap(train, dtype=dtype, mode="r", shape=(n,))
+    with open(val, "wb") as f:
+        for i in range(n_train, n, COPY):
+            f.write(stream[i : min(i + COPY, n)].tobytes())
+    del stream
+    os.truncate(train, n_train * dtype.itemsize)
+    return n_train, n - n_train
