@@ -20,6 +20,10 @@ Three estimates of the ratio (instrumented step time) / (plain step time):
              all of torch's work runs on it, so waiting for a core is not counted).
   wall_time  the same in wall time.
 Means, not medians: the cost sits on the measured steps. The first ``--skip`` steps are left out (warm-up).
+
+``--wandb`` adds minillm's W&B logger (offline, as by default; ``configs/logger/wandb.yaml``) next to the CSV
+logger and times its per-step work (``log_metrics``, with the depth-profile tables every 100 steps) the same
+direct way, over the on steps, where every metric is logged: ``wandb`` in the result.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ class Stopwatch:
         return timed
 
 
-WATCH = Stopwatch()
+WATCH = Stopwatch()  # the callbacks' hooks and the probe's forward hooks
+WANDB = Stopwatch()  # the W&B logger's per-step calls
 PROBE_HOOKS = ("_block_hook", "_norm_hook", "_head_hook", "_attn_hook")  # the forward hooks of the probe
 
 
@@ -127,11 +132,13 @@ class StepTimer(L.Callback):
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self.inside: list[tuple[float, float]] = []
+        self.wandb: list[tuple[float, float]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.wall.append(time.perf_counter())
         self.cpu.append(time.thread_time())
         self.inside.append((WATCH.cpu, WATCH.wall))
+        self.wandb.append((WANDB.cpu, WANDB.wall))
 
 
 def direct(timer: StepTimer, first: int, steps: int, block: int) -> dict:
@@ -147,6 +154,29 @@ def direct(timer: StepTimer, first: int, steps: int, block: int) -> dict:
                       "ratio_step_over_step_without": total / (total - inside),
                       "overhead_percent": 100 * inside / (total - inside)}
     return out
+
+
+def direct_wandb(timer: StepTimer, first: int, steps: int, block: int) -> dict:
+    """Time spent inside the W&B logger's calls over the on steps, against the step without it and without the
+    instrumentation (which would not log these metrics either)."""
+    on = [s for s in range(first, steps) if (s // block) % 2 == 0]
+    out = {}
+    for i, clock in enumerate(("cpu_time", "wall_time")):
+        starts = timer.cpu if i == 0 else timer.wall
+        wandb = sum(timer.wandb[s + 1][i] - timer.wandb[s][i] for s in on)
+        inside = sum(timer.inside[s + 1][i] - timer.inside[s][i] for s in on)
+        total = sum(starts[s + 1] - starts[s] for s in on)
+        out[clock] = {"wandb_ms_per_step": 1e3 * wandb / len(on), "step_ms": 1e3 * total / len(on),
+                      "overhead_percent": 100 * wandb / (total - inside - wandb)}
+    return out
+
+
+def wandb_logger(cfg, folder: str):
+    """minillm's W&B logger as configured, offline in ``folder``, its per-step calls timed with WANDB."""
+    logger = instantiate(cfg.logger.wandb, name="instrumentation-cost", group=None, tags=[], run_tags=[],
+                         save_dir=folder, offline=True)
+    logger.log_metrics = WANDB.wrap(logger.log_metrics)
+    return logger
 
 
 def compare(starts: list[float], first: int, steps: int, block: int, every: int) -> dict:
@@ -179,6 +209,7 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=20, help="warm-up steps left out (whole blocks)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default: data.batch_size)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--wandb", action="store_true", help="also log to W&B (offline) and time its logger")
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder for result.json")
     args = p.parse_args()
 
@@ -186,7 +217,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=train_script.config_dir(), version_base="1.3"):
-        cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu"])
+        cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu", "logger=wandb"])
     args.batch = args.batch or cfg.data.batch_size
     L.seed_everything(0, workers=False, verbose=False)
     module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, VOCAB),
@@ -200,7 +231,9 @@ def main() -> None:
                             max_steps=steps + 1,
                             gradient_clip_val=cfg.trainer.gradient_clip_val,
                             log_every_n_steps=cfg.trainer.log_every_n_steps, limit_val_batches=0,
-                            logger=CSVLogger(tmp, name="csv", version=""), callbacks=[timer, *gated],
+                            logger=[CSVLogger(tmp, name="csv", version=""),
+                                    *([wandb_logger(cfg, tmp)] if args.wandb else [])],
+                            callbacks=[timer, *gated],
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             default_root_dir=tmp)
         loader = DataLoader(RandomTokens(cfg.model.max_seq_len), batch_size=args.batch, num_workers=0)
@@ -210,11 +243,12 @@ def main() -> None:
         "direct": direct(timer, args.skip, steps, args.block),
         "cpu_time": compare(timer.cpu, args.skip, steps, args.block, every),
         "wall_time": compare(timer.wall, args.skip, steps, args.block, every),
+        **({"wandb": direct_wandb(timer, args.skip, steps, args.block)} if args.wandb else {}),
         "settings": {"block": args.block, "blocks": args.blocks, "skip": args.skip, "batch": args.batch,
                      "seq_len": cfg.model.max_seq_len, "dim": cfg.model.dim, "n_layers": cfg.model.n_layers,
                      "n_heads": cfg.model.n_heads, "norm": cfg.model.norm, "placement": cfg.model.placement,
                      "precision": cfg.trainer.precision, "every_n_steps": every,
-                     "probe_every_n_steps": cfg.callbacks.stability.probe_every_n_steps},
+                     "probe_every_n_steps": cfg.callbacks.stability.probe_every_n_steps, "wandb": args.wandb},
         "machine": machine(),
         "conditions": {"platform": platform.platform(), "lightning": L.__version__,
                        "torch_threads": torch.get_num_threads(), "load_average_after": _loadavg()},
@@ -222,7 +256,7 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("direct", "cpu_time", "wall_time")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("direct", "cpu_time", "wall_time", "wandb") if k in result}, indent=2))
 
 
 def _loadavg() -> list[float] | None:

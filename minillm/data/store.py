@@ -172,7 +172,7 @@ def build_store(spec: StoreSpec, path: Path) -> None:
     try:
         work.mkdir(parents=True)
         docs = load_documents(spec.corpus, work, spec.num_proc)
-        procs = spec.num_proc or _auto_num_proc(docs.train)
+        procs = spec.num_proc or _auto_num_proc(docs.train, threaded=spec.tokenizer not in ("char", "byte"))
         tok, separate = make_tokenizer(spec, docs, work, procs)
         dtype = token_dtype(tok.vocab_size)
         total = spec.max_tokens
@@ -204,8 +204,11 @@ def build_store(spec: StoreSpec, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _auto_num_proc(ds: datasets.Dataset | datasets.IterableDataset) -> int:
-    if not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS:
+def _auto_num_proc(ds: datasets.Dataset | datasets.IterableDataset, threaded: bool) -> int:
+    """Tokenizing processes when data.num_proc is not set: 1 for a stream, a small corpus, or a Hugging Face
+    tokenizer (``threaded``: its encode_batch already runs on every core, and forked workers, one thread each,
+    were slower: 0.66M vs 0.48-0.56M tokens/s on 2 cores, experiments/data_bench); else the cores, up to 8."""
+    if threaded or not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS:
         return 1
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
