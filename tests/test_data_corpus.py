@@ -133,6 +133,10 @@ def test_files_source_errors(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"^data.text_column='story' is not a column of '.*a.jsonl'; allowed: "
                                           r"\['text'\]$"):
         make_dm(tmp_path / "a.jsonl", tmp_path, text_column="story")
+    (tmp_path / "ids.jsonl").write_text('{"id": 1, "text": "some text"}\n')
+    with pytest.raises(ConfigError, match=r"^data.text_column='id' of '.*ids.jsonl' holds Value\('int64'\), not text; "
+                                          r"allowed: a text column \['text'\]$"):
+        make_dm(tmp_path / "ids.jsonl", tmp_path, text_column="id")
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{"text": unquoted}\n')
     with pytest.raises(DataError, match=r"^data.files: cannot read '.*broken.jsonl' as json \(") as err:
         make_dm(tmp_path / "broken.jsonl", tmp_path)
@@ -149,6 +153,9 @@ def test_non_utf8_file(tmp_path: Path):
     assert dm.tokenizer.decode(dm.train_tokens[:11]) == "caf\ufffd caf\ufffd"
     late = tmp_path / "late.txt"  # the bad byte far into the file, past the first piece
     late.write_bytes(b"a" * 5000 + b"\n" + b"b\xff")
+    (tmp_path / "fine.txt").write_text("some text " * 100)
+    with pytest.raises(DataError, match=r"^data.files: '.*late.txt' is not valid UTF-8 \(byte 5002: invalid start"):
+        make_dm(tmp_path / "[fl]*.txt", tmp_path, num_proc=2)  # raised in a worker process
     with pytest.raises(DataError, match=r"late.txt' is not valid UTF-8 \(byte 5002: invalid start byte\)"):
         list(D.text_pieces([str(late)]))
 

@@ -117,6 +117,10 @@ def test_a_corrupted_store_says_which_folder_to_delete(corpus: Path, tmp_path: P
     (store.path / "meta.json").write_text("{not json")
     with pytest.raises(DataError, match=r"^token cache '.*' is unreadable \(JSONDecodeError: .*delete that folder"):
         make_dm(corpus, tmp_path, cache_dir=str(tmp_path))
+    (store.path / "meta.json").unlink()  # a folder without meta.json was never a build's: not overwritten
+    with pytest.raises(DataError, match=r"^token cache '.*' is incomplete \(no meta.json\); delete that folder"):
+        S.prepare_store(spec(corpus), tmp_path)
+    assert (store.path / "train.bin").is_file()
 
 
 def test_concurrent_preparers_build_once_and_leave_one_loadable_store(corpus: Path, tmp_path: Path, monkeypatch):
@@ -185,6 +189,15 @@ def test_the_bpe_learns_from_the_train_split_only(tmp_path: Path):
     one = make_dm(tmp_path / "one.txt", tmp_path, tokenizer="bpe", vocab_size=400, val_fraction=0.5)
     assert one.vocab_size > 280 and sorted(t for t in one.tokenizer.hf.get_vocab() if set(t) & set("jzy")) == [
         "j", "y", "z"]
+    # with max_tokens, val is the tail of the first max_tokens tokens: the BPE stops before it, far from the end
+    docs = [mixed_text(5000, 0), mixed_text(300, 1), "jazzy jujube " * 400]
+    docs += [mixed_text(2000, s) for s in range(2, 13)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    capped = make_dm(tmp_path / "c.jsonl", tmp_path, tokenizer="bpe", vocab_size=400, max_tokens=8000,
+                     val_fraction=0.5)
+    assert "jazzy" in capped.tokenizer.decode(capped.val_tokens)
+    assert "j" not in capped.tokenizer.decode(capped.train_tokens)
+    assert sorted(t for t in capped.tokenizer.hf.get_vocab() if set(t) & set("jzy")) == ["j", "y", "z"]
 
 
 def test_max_tokens_keeps_the_start_of_the_stream(corpus: Path, tmp_path: Path):

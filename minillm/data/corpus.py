@@ -241,10 +241,20 @@ def _reason(err: BaseException) -> str:
 
 
 def _config_error_inside(err: BaseException) -> ConfigError | None:
-    """The ConfigError that a `datasets` builder wrapped (DatasetGenerationError), if any."""
+    """The ConfigError (or DataError) that a `datasets` builder wrapped (DatasetGenerationError), if any. From a
+    worker process (num_proc > 1) only its traceback's text comes back: the error is rebuilt from its last line."""
+    chain = []
     while err is not None and not isinstance(err, ConfigError):
+        chain.append(err)
         err = err.__cause__ or err.__context__
-    return err
+    if err is not None:
+        return err
+    for e in chain:
+        found = re.findall(r"minillm\.config\.(ConfigError|DataError): (.*)", str(e))
+        if found:
+            kind, message = found[-1]
+            return (DataError if kind == "DataError" else ConfigError)(message)
+    return None
 
 
 def _text_column(ds: Any, spec: CorpusSpec, where: str) -> Any:
@@ -252,6 +262,11 @@ def _text_column(ds: Any, spec: CorpusSpec, where: str) -> Any:
     names = ds.column_names
     if names is not None and spec.text_column not in names:
         raise ConfigError(f"data.text_column={spec.text_column!r} is not a column of {where}; allowed: {names}")
+    feature = (getattr(ds, "features", None) or {}).get(spec.text_column)
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+        texts = [k for k, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+        raise ConfigError(f"data.text_column={spec.text_column!r} of {where} holds {feature}, not text; allowed: "
+                          f"a text column {texts}")
     if names is not None and names != [spec.text_column]:
         ds = ds.select_columns([spec.text_column])
     return ds.rename_column(spec.text_column, "text") if spec.text_column != "text" else ds

@@ -154,6 +154,9 @@ def prepare_store(spec: StoreSpec, cache_dir: str | os.PathLike) -> TokenStore:
     try:
         if is_complete(path):
             return open_store(path)
+        if path.exists():  # not made by a build (those rename a complete folder into place): edited by hand
+            raise DataError(f"token cache {str(path)!r} is incomplete (no meta.json); delete that folder and run "
+                            "again (it is rebuilt from the corpus)")
         build_store(spec, path)
     finally:
         Path(lock.lock_file).unlink(missing_ok=True)  # later callers find the store complete and never lock
@@ -272,9 +275,12 @@ def char_vocab(docs: Documents, work: Path, procs: int) -> tuple[str, bool]:
 
 
 def bpe_texts(spec: StoreSpec, docs: Documents) -> Iterator[list[str]]:
-    """Batches of train text for the BPE: the first (1 - val_fraction) of the train split's bytes (when val is
-    that tail), at most bpe_train_bytes; the row that crosses the limit gives its first bytes."""
+    """Batches of train text for the BPE: at most bpe_train_bytes, and, when val is the tail of the stream, the
+    first (1 - val_fraction) of its bytes, and of max_tokens (a byte-level token covers a byte or more, so those
+    bytes end inside the train tokens); the row that crosses the limit gives its first bytes."""
     limit = float(spec.bpe_train_bytes or math.inf)
+    if docs.val is None and spec.max_tokens:
+        limit = min(limit, (1.0 - spec.val_fraction) * spec.max_tokens)
     if docs.val is None and isinstance(docs.train, datasets.Dataset):
         lengths = (pc.sum(pc.binary_length(t.column("text"))).as_py() or 0
                    for t in docs.train.with_format("arrow").iter(batch_size=10_000))

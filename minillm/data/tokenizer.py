@@ -183,8 +183,9 @@ class HFTokenizer:
     @property
     def token_bytes(self) -> np.ndarray:
         """(V,) UTF-8 bytes each token stands for; special tokens 0. Exact for byte-level tokenizers (each
-        character of a token is one byte); SentencePiece (▁, <0xNN>) and WordPiece (##) tokens are counted from
-        their text, which is exact except around normalization."""
+        character of a token is one byte); SentencePiece tokens (▁ for a space, <0xNN>) are counted from their
+        text, exact except around normalization. A tokenizer whose pre-tokenizer drops the spaces between words
+        (WordPiece, Whitespace) counts none for them, so its val/bpb comes out too high by their share."""
         byte_level = '"ByteLevel"' in json.dumps(json.loads(self._json).get("decoder"))
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
         out = np.zeros(self.vocab_size, dtype=np.int64)
