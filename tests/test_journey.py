@@ -174,7 +174,10 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert "placement: pre, post, peri, branch, deepnorm, mix" in logs["python train.py --help"]
     sweep = max((cwd / "logs" / "my_sweep" / "multiruns").iterdir())
     assert len(summaries(sweep)) == 6 and (sweep / "report" / "report.md").is_file()
-    assert len(summaries(cwd / "logs" / "par" / "multiruns")) == 4
+    par = summaries(cwd / "logs" / "par" / "multiruns")  # Hydra's joblib launcher: parallel processes
+    assert {(s["norm"], s["seed"]) for s in par} == {(n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
+    (par_log,) = [log for command, log in logs.items() if "hydra/launcher=joblib" in command]
+    assert "Joblib.Parallel" in par_log
     first = cwd / "logs" / "my_run" / "runs" / "first"
     (summary,) = summaries(first)  # resumed and evaluated in its own folder: still one run
     assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None
@@ -215,6 +218,7 @@ def test_two_runs_started_at_once_get_two_complete_run_folders(tmp_path, shared_
         assert "`Trainer.fit` stopped" in own  # Lightning's own messages reach train.log
 
 
+@pytest.mark.slow  # the README's joblib line runs in the default suite
 def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path, shared_cache, corpus):
     out = ok(cli([str(ROOT / "train.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "name=jl",
                   "data=files", f"data.files=[{corpus}]", "logger=csv", "callbacks=stability", "test=false",
@@ -227,6 +231,7 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path, shared_cac
     assert all(s["status"] in ("completed", "diverged") for s in jobs)  # 2 steps: maybe not under ln V yet
 
 
+@pytest.mark.slow  # the joblib launcher runs in the default suite
 def test_submitit_launcher_preset_runs_its_jobs_with_the_local_executor(tmp_path, shared_cache, corpus):
     """hydra/launcher=slurm_local: the slurm preset's settings (resources from the trainer config) through
     submitit's local executor, which runs each job as a process here, as SLURM would on a cluster."""

@@ -158,6 +158,7 @@ def test_a_run_stopped_by_a_signal_and_not_resumed_is_left_out_and_named(sweep):
     assert f"left out: {stopped}" in (sweep / "report" / "report.md").read_text()
 
 
+@pytest.mark.slow  # its preset composes in test_train
 def test_optuna_sweeper_preset_minimizes_the_optimized_metric(tmp_path):
     """hparams_search=optuna_lr: Optuna's TPE over lr and warmup (hydra-optuna-sweeper), 3 tiny trials."""
     corpus = write_corpus(tmp_path / "c.txt", n_chars=4000)

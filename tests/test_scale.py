@@ -106,6 +106,7 @@ def test_without_sync_a_shard_is_normalized_by_its_own_batch(tmp_path):
 # --- DDP through train.py ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # DDP with loggers on runs in test_journey
 def test_ddp_cpu_fast_dev_run_pre_post_x_rmsnorm_batchnorm(tmp_path, corpus):
     """trainer=ddp_cpu (2 forked gloo ranks) in one Hydra multirun over placement x norm, synced BatchNorm."""
     sweep = tmp_path / "sweep"

@@ -135,6 +135,7 @@ def test_wandb_offline_run_directory_is_created(tmp_path, corpus, monkeypatch):
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
 
+@pytest.mark.slow  # the README's sweep (6 runs) runs in test_journey
 def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",
