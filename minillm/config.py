@@ -74,8 +74,10 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,-]*")
 
 
 def check_name(field: str, value: Any, optional: bool = False) -> None:
-    """A folder name: letters, digits and . _ = + , - (no slash, no spaces)."""
+    """A folder name: letters, digits and . _ = + , - (no slash, no spaces); an int (``run_id=7``) is one."""
     if optional and value is None:
         return
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
     if not isinstance(value, str) or not NAME.fullmatch(value):
         raise invalid(field, value, "a folder name of letters, digits and . _ = + , - (no / or spaces)")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minillm.config import ConfigError
+from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.norms import NORMS, build_norm, norm_options
 
 BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
@@ -50,45 +50,42 @@ class ModelConfig:
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
-            raise ConfigError(f"model.{name}={value!r} is invalid: {allowed}")
+            raise invalid(f"model.{name}", value, allowed)
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                fail(name, getattr(self, name), "must be a positive integer")
+            check_int(f"model.{name}", getattr(self, name), low=1)
+        check_int("model.n_kv_heads", self.n_kv_heads, low=1, optional=True)
+        check_int("model.ffn_hidden", self.ffn_hidden, low=1, optional=True)
+        for name in ("norm_eps", "init_std"):
+            check_number(f"model.{name}", getattr(self, name), low=0.0)
+        check_number("model.rope_theta", self.rope_theta, low=0.0, low_open=True)
+        check_number("model.mix_fraction", self.mix_fraction, low=0.0, high=1.0)
+        for name in ("tie_embeddings", "depth_scaled_init"):
+            check_bool(f"model.{name}", getattr(self, name))
+        check_choice("model.norm", self.norm, sorted(NORMS))
+        check_choice("model.placement", self.placement, PLACEMENTS)
+        check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
+        check_choice("model.init", self.init, INITS)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.dim % self.n_heads:
-            fail("dim", self.dim, f"must be divisible by n_heads={self.n_heads}")
+            fail("dim", self.dim, f"a multiple of n_heads={self.n_heads}")
         if (self.dim // self.n_heads) % 2:
-            fail("dim", self.dim, f"head dim dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
-        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
-            fail("n_kv_heads", self.n_kv_heads, f"must be a positive divisor of n_heads={self.n_heads}")
-        if self.norm not in NORMS:
-            fail("norm", self.norm, f"allowed: {', '.join(sorted(NORMS))}")
-        if self.placement not in PLACEMENTS:
-            fail("placement", self.placement, f"allowed: {', '.join(PLACEMENTS)}")
-        if self.qk_norm not in QK_NORMS:
-            fail("qk_norm", self.qk_norm, f"allowed: {', '.join(QK_NORMS)}")
-        if self.init not in INITS:
-            fail("init", self.init, f"allowed: {', '.join(INITS)}")
-        if not 0.0 <= self.mix_fraction <= 1.0:
-            fail("mix_fraction", self.mix_fraction, "must be in [0, 1]")
+            fail("dim", self.dim, f"an even head dim dim/n_heads for RoPE (here {self.dim // self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            fail("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads={self.n_heads}")
         if self.placement == "mix" and not 0 < self.mix_post_layers() < self.n_layers:
-            fail("mix_fraction", self.mix_fraction, f"placement=mix with n_layers={self.n_layers} gives "
-                 f"{self.mix_post_layers()} Post-LN layers (floor(fraction * n_layers)); it needs between 1 and "
-                 f"{self.n_layers - 1}, otherwise use placement=pre or post")
-        if not self.norm_eps >= 0:
-            fail("norm_eps", self.norm_eps, "must be >= 0")
+            fail("mix_fraction", self.mix_fraction, f"with placement=mix and n_layers={self.n_layers}, a fraction "
+                 f"giving between 1 and {self.n_layers - 1} Post-LN layers (floor(fraction * n_layers), here "
+                 f"{self.mix_post_layers()}); otherwise use placement=pre or post")
         if self.layers is not None:
             if len(self.layers) != self.n_layers:
-                fail("layers", self.layers, f"needs one entry per layer (n_layers={self.n_layers})")
+                fail("layers", self.layers, f"one entry per layer (n_layers={self.n_layers})")
             for i, spec in enumerate(self.layers):
                 if set(spec) - {"placement", "norm"}:
-                    fail(f"layers[{i}]", spec, "keys allowed: placement, norm")
-                if spec.get("placement", "pre") not in BLOCK_PLACEMENTS:
-                    fail(f"layers[{i}].placement", spec["placement"], f"allowed: {', '.join(BLOCK_PLACEMENTS)}")
-                if spec.get("norm", self.norm) not in NORMS:
-                    fail(f"layers[{i}].norm", spec["norm"], f"allowed: {', '.join(sorted(NORMS))}")
+                    fail(f"layers[{i}]", spec, "the keys placement, norm")
+                check_choice(f"model.layers[{i}].placement", spec.get("placement", "pre"), BLOCK_PLACEMENTS)
+                check_choice(f"model.layers[{i}].norm", spec.get("norm", self.norm), sorted(NORMS))
         self.head_dim = self.dim // self.n_heads
         if self.ffn_hidden is None:
             self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)

@@ -206,8 +206,13 @@ def group_sweeps(cfg: DictConfig) -> None:
 
 NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "optimizer.lr",
          "scheduler.warmup_steps", "trainer.precision", "seed")  # what run_name always shows (when not default)
-UNNAMED = ("paths.", "hydra.", "hydra/", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment",
-           "data.files", "train", "test", "threads")  # overrides a sweep job's name leaves out
+UNNAMED = ("paths", "hydra", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment", "data.files",
+           "train", "test", "threads")  # overrides a sweep job's name leaves out: these keys and the ones under them
+
+
+def unnamed(key: str) -> bool:
+    """``key`` is one of UNNAMED or under one (``trainer.max_steps`` is not under ``train``)."""
+    return any(key == u or key.startswith((u + ".", u + "/")) for u in UNNAMED)
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -225,7 +230,7 @@ def run_name(cfg: DictConfig) -> str:
     if in_multirun():
         for override in HydraConfig.get().overrides.task:
             key, _, value = override.lstrip("+~").partition("=")
-            if key not in NAMED and not key.startswith(UNNAMED):
+            if key not in NAMED and not unnamed(key):
                 parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
     return "-".join(parts)
 

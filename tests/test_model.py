@@ -264,15 +264,20 @@ def test_too_long_input_is_an_error():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(dim=30, n_heads=4), r"model.dim=30 is invalid: must be divisible by n_heads=4"),
-        (dict(dim=12, n_heads=4), r"model.dim=12 .* head dim .*=3 must be even"),
-        (dict(n_heads=4, n_kv_heads=3), r"model.n_kv_heads=3 is invalid: must be a positive divisor of n_heads=4"),
-        (dict(norm="groupnorm"), r"model.norm='groupnorm' is invalid: allowed: batchnorm, .*layernorm"),
-        (dict(placement="middle"), r"model.placement='middle' is invalid: allowed: pre, post"),
-        (dict(vocab_size=0), r"model.vocab_size=0 is invalid: must be a positive integer"),
+        (dict(dim=30, n_heads=4), r"model.dim=30 is invalid; allowed: a multiple of n_heads=4"),
+        (dict(dim=12, n_heads=4), r"model.dim=12 is invalid; allowed: an even head dim .*here 3"),
+        (dict(n_heads=4, n_kv_heads=3), r"model.n_kv_heads=3 is invalid; allowed: a divisor of n_heads=4"),
+        (dict(norm="groupnorm"), r"model.norm='groupnorm' is invalid; allowed: batchnorm, .*layernorm"),
+        (dict(placement="middle"), r"model.placement='middle' is invalid; allowed: pre, post"),
+        (dict(vocab_size=0), r"model.vocab_size=0 is invalid; allowed: an integer >= 1$"),
+        (dict(norm_eps="abc"), r"model.norm_eps='abc' is invalid; allowed: a finite number >= 0$"),
+        (dict(n_kv_heads="abc"), r"model.n_kv_heads='abc' is invalid; allowed: an integer >= 1 or null$"),
+        (dict(mix_fraction="abc"), r"model.mix_fraction='abc' is invalid; allowed: a finite number >= 0 and <= 1$"),
+        (dict(tie_embeddings="yes"), r"model.tie_embeddings='yes' is invalid; allowed: true or false$"),
+        (dict(rope_theta=0), r"model.rope_theta=0 is invalid; allowed: a finite number > 0$"),
         (dict(qk_norm="l2"), r"model.qk_norm='l2' is invalid"),
         (dict(mix_fraction=1.5), r"model.mix_fraction=1.5 is invalid"),
-        (dict(layers=[{}]), r"model.layers=.* needs one entry per layer \(n_layers=2\)"),
+        (dict(layers=[{}]), r"model.layers=.* is invalid; allowed: one entry per layer \(n_layers=2\)"),
         (dict(layers=[{"placement": "mix"}, {}]), r"model.layers\[0\].placement='mix' is invalid"),
     ],
 )
@@ -487,5 +492,5 @@ def test_each_init_scheme_gives_its_weight_statistics(init, placement):
 
 
 def test_unknown_init_is_a_config_error():
-    with pytest.raises(ValueError, match="model.init='kaiming' is invalid: allowed: auto, gpt2, xavier"):
+    with pytest.raises(ValueError, match="model.init='kaiming' is invalid; allowed: auto, gpt2, xavier"):
         ModelConfig(init="kaiming")

@@ -153,10 +153,12 @@ def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.norm=groupnorm", "model.norm='groupnorm' is invalid: allowed: batchnorm"),
+        ("model.norm=groupnorm", "model.norm='groupnorm' is invalid; allowed: batchnorm"),
         ("placement=middle", "placement='middle' is invalid; allowed: pre, post, peri"),
         ("trainer.precision=8-mixed", "trainer.precision='8-mixed' is invalid; allowed: 32-true"),
-        ("model.dim=33", "model.dim=33 is invalid: must be divisible by n_heads=2"),
+        ("model.dim=33", "model.dim=33 is invalid; allowed: a multiple of n_heads=2"),
+        ("model.norm_eps=abc", "model.norm_eps='abc' is invalid; allowed: a finite number >= 0"),
+        ("run_id=a/b", "run_id='a/b' is invalid; allowed: a folder name"),
         ("optimizer.lr=0", "optimizer.lr=0 is invalid; allowed: a finite number > 0"),
         ("optimizer.lr=-1e-3", "optimizer.lr=-0.001 is invalid"),
         ("optimizer.lr=nan", "optimizer.lr=nan is invalid; allowed: a finite number > 0"),
@@ -285,8 +287,8 @@ def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
     train_script.group_sweeps(cfg)
     assert cfg.logger.wandb.group == "my_sweep"  # a single run: the experiment name
     assert cfg.logger.wandb.name == "rmsnorm-pre-L2-d32-lr0.01-wu1-s3"  # tiny model: depth and width differ
-    jobs = [["norm=layernorm", "data.batch_size=4", "data.files=[/x.txt]"],
-            ["norm=layernorm", "data.batch_size=8", "data.files=[/x.txt]"]]
+    jobs = [["norm=layernorm", "data.batch_size=4", "data.files=[/x.txt]", "trainer.gradient_clip_val=null"],
+            ["norm=layernorm", "data.batch_size=8", "data.files=[/x.txt]", "trainer.gradient_clip_val=1.0"]]
     names = []
     for job in jobs:
         cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "name=my_sweep", "optimizer.lr=0.01", "seed=3", *job)
@@ -296,7 +298,8 @@ def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
             hydra_cfg.overrides.task = job
         train_script.group_sweeps(cfg)
         names.append(cfg.logger.wandb.name)
-    assert names == [f"layernorm-pre-L2-d32-lr0.01-wu1-s3-batch_size={b}" for b in (4, 8)]
+    assert names == [f"layernorm-pre-L2-d32-lr0.01-wu1-s3-batch_size={b}-gradient_clip_val={c}"
+                     for b, c in ((4, "null"), (8, "1.0"))]  # trainer.* is not under train
     assert cfg.logger.wandb.group == "my_sweep-2026-01-02_03-04-05"
     logger = instantiate(cfg.logger.wandb)
     assert logger._wandb_init["tags"] == ["norm:layernorm", "placement:pre", "lr:0.01", "precision:32-true", "seed:3"]
@@ -386,3 +389,12 @@ def test_fast_dev_run_through_train_py(overrides, tmp_path, corpus):
                                              *overrides))
     assert math.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0
 
+
+
+def test_a_numeric_run_id_or_name_is_a_folder_name():
+    from minillm.config import check_name
+
+    check_name("run_id", 7)  # Hydra reads run_id=7 as an int
+    check_name("name", 2026)
+    with pytest.raises(ConfigError, match="run_id=True is invalid; allowed: a folder name"):
+        check_name("run_id", True)
