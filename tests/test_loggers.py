@@ -79,10 +79,15 @@ def test_wandb_summary_depth_tables_and_samples_of_a_run(tmp_path, corpus):
     stability maxima, layer/* and norm/* come as depth tables (a row per layer) instead of scalar panels, and
     the samples table gets a row per validation."""
     cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=3",
-                      "logger.wandb.profile_every_n_steps=2", "callbacks.stability.every_n_steps=2", "test=false")
+                      "logger.wandb.profile_every_n_steps=2", "callbacks.stability.every_n_steps=2", "test=false",
+                      "callbacks.histograms.every_n_steps=4")
     train_script.train(cfg)
     run = check_summary_is_copied(cfg.paths.output_dir)
     assert run["defined"]["val/loss"].min and run["defined"]["stab/max_abs_h"].max
+    hists = {row["trainer/global_step"]: row for row in run["history"] if any(k.startswith("hist/") for k in row)}
+    assert sorted(hists) == [0, 4]  # NormHistograms: the input and gain of every norm site, every 4 steps
+    sites = [f"layers.{i}.{n}" for i in (0, 1) for n in ("attn_norm", "ffn_norm")] + ["norm"]
+    assert all(hists[4][f"hist/{s}/{what}/_type"] == "histogram" for s in sites for what in ("input", "gain"))
     assert not any(k.startswith(("layer/", "norm/")) for row in run["history"] for k in row)
     layers = tables(run, "depth/layers")
     assert sorted(layers) == [0, 2, 4]  # the measured steps that are profile steps

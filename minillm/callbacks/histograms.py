@@ -56,6 +56,7 @@ class NormHistograms(L.Callback):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        _eager(pl_module, False)  # a compiled model runs compiled again
         import wandb
 
         model = getattr(pl_module, "model", pl_module)
