@@ -271,12 +271,16 @@ def resolve_resume(cfg: DictConfig) -> str | None:
     """ckpt_path as given, or for ckpt_path=auto the newest valid checkpoint of this run directory (None when
     it has none: the run starts fresh). A fresh run never writes into a directory that already holds a run."""
     ckpt, out_dir = cfg.get("ckpt_path"), Path(cfg.paths.output_dir)
-    if ckpt == "auto":
+    auto = ckpt == "auto"
+    if auto:
         found = find_resume_checkpoint(out_dir)
         log.info(f"ckpt_path=auto: {'resuming from ' + str(found) if found else 'no checkpoint in '}"
                  f"{'' if found else str(out_dir / 'checkpoints') + ', starting fresh'}")
         ckpt = str(found) if found else None
     if ckpt is None and cfg.get("train", True) and (out_dir / "summary.json").exists():
+        if auto:  # a run without checkpoints (trainer.enable_checkpointing=false), or one that crashed first
+            raise ConfigError(f"ckpt_path=auto: the run directory {out_dir} holds a run (summary.json) but no "
+                              "checkpoint to resume; give this run another run_id or name")
         raise ConfigError(f"the run directory {out_dir} already holds a run (summary.json); resume it with "
                           "ckpt_path=auto, or give this run another run_id or name")
     return ckpt

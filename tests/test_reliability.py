@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,6 +214,10 @@ def test_interrupted_run_resumes_in_its_own_folder_with_ckpt_path_auto(tmp_path,
     assert logged(rows, "train/loss") == full
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] in ("completed", "diverged") and summary["steps"] == 6  # one run, whole
+    shutil.rmtree(folder / "checkpoints")  # a run that kept none: auto cannot resume it, and says so
+    with pytest.raises(train_script.ConfigError, match=r"^ckpt_path=auto: the run directory .* holds a run "
+                                                       r"\(summary.json\) but no checkpoint to resume"):
+        train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE, "ckpt_path=auto"))
     assert isinstance(summary["failed"], bool)
 
 
