@@ -1,7 +1,7 @@
 """What Lightning lacks for trustworthy checkpoints: atomic files, readable errors for bad ones, the checks
 before resuming (same model, same training settings), and finding the checkpoint to resume a run from.
 
-Lightning already restores the optimizer, LR scheduler, loop counters, RNG-free data stream (see minillm/data/windows.py),
+Lightning already restores the optimizer, LR scheduler, loop counters, RNG-free data stream (minillm/data/windows.py),
 GradScaler and buffers such as BatchNorm running statistics; docs/reliability.md lists what rests on what.
 """
 

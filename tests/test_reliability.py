@@ -62,18 +62,24 @@ def full_run(tmp_path_factory, corpus) -> Path:
 
 
 class SignalAt(L.Callback):
-    """Sends `signum` to this process after a training step or during a validation (in-process preemption);
-    under DDP only in the process of rank `rank` (the others must follow it)."""
+    """Sends `signum` to this process after a training step, during a validation, or (``during_validation="end"``)
+    as the validation ends, after PreemptionCheckpoint's own hook (in-process preemption); under DDP only in the
+    process of rank `rank` (the others must follow it)."""
 
-    def __init__(self, signum: int, step: int, during_validation: bool = False, rank: int = 0):
+    def __init__(self, signum: int, step: int, during_validation: bool | str = False, rank: int = 0):
         self.signum, self.step, self.during_validation, self.rank = signum, step, during_validation, rank
 
     def on_train_batch_end(self, trainer, *args) -> None:
         if not self.during_validation and trainer.global_step == self.step and trainer.global_rank == self.rank:
             os.kill(os.getpid(), self.signum)
 
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if (self.during_validation == "end" and trainer.global_step == self.step and not trainer.sanity_checking
+                and trainer.global_rank == self.rank):
+            os.kill(os.getpid(), self.signum)
+
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
-        if (self.during_validation and trainer.global_step == self.step and batch_idx == 0
+        if (self.during_validation is True and trainer.global_step == self.step and batch_idx == 0
                 and trainer.global_rank == self.rank):
             os.kill(os.getpid(), self.signum)
 
@@ -167,6 +173,7 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path, corpus, s
     (3, True, 2),  # signal during a validation: held until it ends, then the run stops
     (3, False, 1),  # signal as the step before a one-batch validation ends: stops after the validation
     (3, False, 2),  # ... before a longer one (Lightning alone would cut it after its first batch and lose it)
+    (3, "end", 1),  # signal as the validation ends, after this callback's hook: stops now, not a validation later
 ])
 def test_preemption_around_validation_resumes_exactly(step, during_validation, val_batches, tmp_path, corpus,
                                                       full_run):

@@ -69,10 +69,13 @@ class PreemptionCheckpoint(L.Callback):
             self._stop_at_next_boundary(self._trainer)  # several processes decide together, after a step
 
     def _stop_at_next_boundary(self, trainer: L.Trainer) -> None:
-        """Stop after the current step, or after the validation that runs (or will run) at this step."""
+        """Stop after the current step, or after the validation that runs (or will run) at this step; once this
+        step's validation has ended here (later callbacks may still be in their on_validation_end, and Lightning
+        still reports it due until the next batch), at the next step boundary."""
         if self._requested or self._after_validation:
             return
-        if trainer.validating or _compat.validation_due(trainer):
+        validated = self._validated_at == trainer.global_step
+        if not validated and (trainer.validating or _compat.validation_due(trainer)):
             self._after_validation = True
         else:
             self._stop(trainer, after_validation=False)
