@@ -36,7 +36,7 @@ SUMMARY_FIELDS = {  # config
     "n_layers", "n_heads", "n_kv_heads", "qk_norm", "vocab_size", "max_seq_len", "batch_size", "seq_len",
     "max_steps", "grad_clip", "n_params", "loss_init", "unigram_loss",
 } | {  # results
-    "status", "steps", "final_val_loss", "best_val_loss", "best_val_step", "test_loss", "diverged",
+    "status", "steps", "final_val_loss", "best_val_loss", "best_val_step", "test_loss", "test_weights", "diverged",
     "diverged_step", "diverged_reason", "stopped_early", "failed", "max_grad_norm", "nonfinite_grad_steps",
     "spike_count", "max_attn_logit", "max_abs_h", "max_log_z", "skipped_steps", "tokens", "tokens_per_s",
     "train_time_s", "wall_time_s",

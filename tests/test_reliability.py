@@ -268,11 +268,13 @@ def test_train_false_evaluates_the_checkpoints_weights(tmp_path, corpus):
     best = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
                                           f"ckpt_path={folder / 'checkpoints' / 'best.ckpt'}"))
     assert best["test/loss"] == fitted["test/loss"]  # test_weights=best evaluated best.ckpt
+    assert json.loads((folder / "summary.json").read_text())["test_weights"].endswith("best.ckpt")
     last = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
                                           f"ckpt_path={folder / 'checkpoints' / 'last.ckpt'}"))
     fresh = train_script.train(compose_cfg(tmp_path / "fresh", corpus, "train=false"))
     assert last["test/loss"] < fresh["test/loss"] - 0.05  # trained weights, not the initialization
-    assert json.loads((folder / "summary.json").read_text())["test_loss"] == pytest.approx(last["test/loss"])
+    summary = json.loads((folder / "summary.json").read_text())  # the last evaluation, and of which weights
+    assert summary["test_loss"] == pytest.approx(last["test/loss"]) and summary["test_weights"].endswith("last.ckpt")
 
 
 def test_batchnorm_bf16_mixed_resume_is_exact(tmp_path, corpus):

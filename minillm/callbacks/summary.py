@@ -33,7 +33,8 @@ class RunSummary(L.Callback):
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
                from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
       results  status (completed | diverged | failed | preempted: stopped by a signal, to be resumed; failed is
-               null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, diverged,
+               null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, test_weights (the
+               checkpoint the test pass loaded, or final), diverged,
                diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,
                spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale, tokens,
                train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir
@@ -61,6 +62,7 @@ class RunSummary(L.Callback):
         self._val_time = 0.0  # validation seconds since _t_train
         self._before = {"train_time": 0.0, "wall_time": 0.0}  # earlier segments of a resumed run
         self.test_loss: float | None = None
+        self.test_weights: str | None = None  # the checkpoint the test pass loaded, or "final" (the trained weights)
 
     def train_time(self) -> float:
         """Seconds spent training (validation excluded), over every segment of the run."""
@@ -118,6 +120,7 @@ class RunSummary(L.Callback):
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         value = trainer.callback_metrics.get(TEST_LOSS)
         self.test_loss = float(value) if value is not None else None
+        self.test_weights = str(trainer.ckpt_path) if trainer.ckpt_path else "final"
         self.write(trainer, pl_module, "completed")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -137,7 +140,8 @@ class RunSummary(L.Callback):
         if not self._fit_seen and path.exists():
             # a test pass that did not see the fit (train=false, or the fit ran in other processes: DDP's fork
             # and spawn launchers) adds its result to the fit's summary and changes nothing else
-            new = {"test_loss": summary["test_loss"], **({"test_error": error} if error else {})}
+            new = {"test_loss": summary["test_loss"], "test_weights": summary["test_weights"],
+                   **({"test_error": error} if error else {})}
             summary = {**json.loads(path.read_text()), **new}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -198,7 +202,7 @@ class RunSummary(L.Callback):
             "error": error,
             "steps": trainer.global_step,
             "final_val_loss": final_val, "best_val_loss": best[1], "best_val_step": best[0],
-            "test_loss": self.test_loss,
+            "test_loss": self.test_loss, "test_weights": self.test_weights,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": tripped,
             "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
