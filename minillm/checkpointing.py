@@ -174,6 +174,9 @@ def check_resume(ckpt_path: str | os.PathLike, model: dict, settings: dict | Non
     check_model_config(hparams.get("model"), model, source)
     saved = hparams.get("run_settings")
     if settings is not None and saved is not None:
+        from minillm.lit_module import schedule_settings  # here: minillm.lit_module imports this module
+
+        saved = {**saved, "scheduler": schedule_settings(saved.get("scheduler"))}  # as run_settings stores it now
         diffs = settings_diff(saved, settings)
         if diffs:
             raise CheckpointError(

@@ -19,6 +19,16 @@ from minillm.outcome import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKEN
 from minillm.version import provenance
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+STEP_FREE_SCHEDULES = ("constant", "inverse_sqrt")  # they ignore total_steps and min_lr_ratio
+
+
+def schedule_settings(scheduler: dict | None) -> dict:
+    """The scheduler settings that decide the lr: without total_steps and min_lr_ratio for the schedules that
+    ignore them, so a constant-lr run may be extended (run settings compared on resume)."""
+    scheduler = dict(scheduler or {})
+    if scheduler.get("kind") in STEP_FREE_SCHEDULES:
+        scheduler = {k: v for k, v in scheduler.items() if k not in ("total_steps", "min_lr_ratio")}
+    return scheduler
 
 
 def lr_lambda(kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:

@@ -39,7 +39,7 @@ from minillm.config import (
     check_number,
     invalid,
 )
-from minillm.lit_module import lr_lambda
+from minillm.lit_module import lr_lambda, schedule_settings
 from minillm.model import PLACEMENTS, ModelConfig
 from minillm.norms import norm_options
 from minillm.version import provenance
@@ -261,7 +261,7 @@ def run_settings(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     data = {k: v for k, v in (c.get("data") or {}).items() if k not in ("_target_", "_convert_", "num_workers",
                                                                        "cache_dir")}
     trainer = c.get("trainer") or {}
-    return {"seed": c.get("seed"), "optimizer": c.get("optimizer"), "scheduler": c.get("scheduler"),
+    return {"seed": c.get("seed"), "optimizer": c.get("optimizer"), "scheduler": schedule_settings(c.get("scheduler")),
             "module": module, "data": data, "world_size": world_size,
             "trainer": {k: trainer.get(k) for k in ("precision", "gradient_clip_val", "gradient_clip_algorithm",
                                                     "accumulate_grad_batches")}}

@@ -242,7 +242,26 @@ def test_resume_refuses_changed_training_settings(tmp_path, corpus):
     for diff in ("optimizer.lr: checkpoint 0.003, config 0.01", "data.batch_size: checkpoint 8, config 4",
                  "seed: checkpoint 1337, config 3"):
         assert diff in message, message
-    assert "\n" not in message and "trainer.max_steps" not in message  # extending a run is allowed
+    assert "\n" not in message
+
+
+def test_a_constant_lr_run_may_be_extended_and_a_cosine_one_may_not(tmp_path, corpus):
+    """max_steps is the cosine schedule's length (scheduler.total_steps): changing it on resume is refused; a
+    constant schedule does not read it, so the run may go on for more steps."""
+    base = [a for a in FAST if not a.startswith("scheduler.total_steps")] + RESUMABLE
+    for kind in ("cosine", "constant"):
+        cfg = compose_cfg(tmp_path / kind, corpus, *base, f"scheduler={kind}", "trainer.max_steps=3")
+        train_script.train(cfg)
+        ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+        longer = compose_cfg(tmp_path / kind, corpus, *base, f"scheduler={kind}", "trainer.max_steps=6",
+                             f"ckpt_path={ckpt}")
+        if kind == "cosine":
+            with pytest.raises(train_script.ConfigError, match=r"scheduler.total_steps: checkpoint 3, config 6"):
+                train_script.train(longer)
+        else:
+            train_script.train(longer)
+            summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+            assert summary["steps"] == 6
 
 
 def test_ckpt_path_auto_takes_the_newest_valid_checkpoint(tmp_path):
