@@ -161,7 +161,8 @@ def test_mix_puts_post_ln_in_exactly_the_first_layers():
 
 @pytest.mark.parametrize("fraction", [0.25, 1.0])
 def test_mix_that_is_all_pre_or_all_post_is_an_error(fraction):
-    with pytest.raises(ValueError, match=r"model.mix_fraction=.* gives [02] Post-LN layers"):
+    with pytest.raises(ValueError, match=r"model.mix_fraction=.* is invalid; allowed: .* between 1 and 1 Post-LN "
+                                         r"layers .*here [02]\)"):
         tiny(placement="mix", mix_fraction=fraction)
 
 

@@ -2,8 +2,8 @@
 the char, byte and bpe tokenizers, side by side with a bare `tokenizers` encode_batch loop and a nanoGPT-style
 prepare over the same files.
 
-    .venv/bin/python experiments/data_bench/bench.py                           # ~1 GB: results.json/.md here
-    .venv/bin/python experiments/data_bench/bench.py --size 50 --out /tmp/b    # a quick run (50 MB)
+    .venv/bin/python -m experiments.data_bench.bench                           # ~1 GB: results.json/.md here
+    .venv/bin/python -m experiments.data_bench.bench --size 50 --out /tmp/b    # a quick run (50 MB)
 
 The corpus (jsonl shards of documents: ASCII words with some Greek, Cyrillic, CJK and emoji) is generated into a
 temp folder and deleted at the end. Each variant runs in its own subprocess (``--variant``), which reports its
@@ -295,8 +295,9 @@ VARIANTS = {"prepare": run_prepare, "hit": run_hit, "bare": run_bare, "nanogpt":
 
 def variant(name: str, corpus: dict, cache: Path, procs: int, tokenizer: str = "", tokenizer_json: str = "") -> dict:
     """Run one variant in a fresh interpreter; its JSON result."""
-    cmd = [sys.executable, __file__, "--variant", name, "--files-json", json.dumps(corpus["files"]),
-           "--cache", str(cache), "--procs", str(procs), "--tokenizer", tokenizer, "--tokenizer-json", tokenizer_json]
+    cmd = [sys.executable, "-m", "experiments.data_bench.bench", "--variant", name,
+           "--files-json", json.dumps(corpus["files"]), "--cache", str(cache), "--procs", str(procs),
+           "--tokenizer", tokenizer, "--tokenizer-json", tokenizer_json]
     print(f"-- {name} {tokenizer} procs={procs}", flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:

@@ -154,9 +154,6 @@ def prepare_store(spec: StoreSpec, cache_dir: str | os.PathLike) -> TokenStore:
     try:
         if is_complete(path):
             return open_store(path)
-        if path.exists():  # not made by a build (those rename a complete folder into place): edited by hand
-            raise DataError(f"token cache {str(path)!r} is incomplete (no meta.json); delete that folder and run "
-                            "again (it is rebuilt from the corpus)")
         build_store(spec, path)
     finally:
         Path(lock.lock_file).unlink(missing_ok=True)  # later callers find the store complete and never lock
@@ -201,8 +198,9 @@ def build_store(spec: StoreSpec, path: Path) -> None:
         try:
             os.replace(tmp, path)  # atomic; fails if another writer already put a store there
         except OSError:
-            if not is_complete(path):
-                raise
+            if not is_complete(path):  # not a build's (those rename a complete folder): edited by hand
+                raise DataError(f"token cache {str(path)!r} is incomplete (no meta.json); delete that folder and "
+                                "run again (it is rebuilt from the corpus)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
