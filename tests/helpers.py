@@ -155,10 +155,20 @@ def wandb_records(path: Path) -> list:
 def read_wandb_run(folder: Path) -> dict:
     """id, history rows, summary and the summary-kind of each defined metric of an offline run folder."""
     import json as _json
+    import time
 
     (path,) = Path(folder).glob("*.wandb")
+    deadline = time.monotonic() + 30  # W&B's service writes the file; its last records (summary, exit) come last
+    while True:
+        try:
+            records = wandb_records(path)
+        except Exception:  # a chunk still being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     run_id, history, summary, defined = None, [], {}, {}
-    for record in wandb_records(path):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id = record.run.run_id
