@@ -11,8 +11,13 @@ __version__ = "0.2.0"
 
 @cache
 def provenance() -> dict[str, str | bool | None]:
-    """minillm's version, and the git commit of the checkout it runs from (None when installed from a wheel):
-    recorded in summary.json, the W&B config and every checkpoint."""
+    """minillm's version, the git commit of the checkout it runs from (None when installed from a wheel), and the
+    numeric environment: torch's version and the CPU kernels it dispatches to (AVX2, AVX512, ...). Recorded in
+    summary.json, the W&B config and every checkpoint. The same code and seed give bit-identical losses only
+    under the same torch and CPU capability; another vector ISA rounds differently and moves a run's losses by a
+    few thousandths of a nat (README, "The default run")."""
+    import torch
+
     root = Path(__file__).resolve().parents[1]
     commit, dirty = None, None
     if (root / ".git").exists():
@@ -24,4 +29,5 @@ def provenance() -> dict[str, str | bool | None]:
             dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
         except (OSError, subprocess.SubprocessError):
             pass
-    return {"minillm_version": __version__, "git_commit": commit, "git_dirty": dirty}
+    return {"minillm_version": __version__, "git_commit": commit, "git_dirty": dirty,
+            "torch_version": str(torch.__version__), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
