@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import pkgutil
 import re
 import runpy
@@ -120,3 +121,33 @@ def test_reference_loop_reproduces_the_committed_calibration():
     --check): the loop trains the same model as when the calibration was measured."""
     subprocess.run([sys.executable, "-m", "experiments.calibration.run", "--check", "20"], cwd=ROOT, check=True,
                    timeout=600)
+
+
+def test_independent_loop_imports_nothing_from_minillm_and_trains(tmp_path):
+    """experiments/calibration/nanogpt_loop.py, as independent.py runs it (a file, not a module of the package):
+    no minillm module is loaded, its first losses are near ln(vocab) and fall on a repetitive text."""
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be, that is the question. " * 200)
+    script = EXPERIMENTS / "calibration" / "nanogpt_loop.py"
+    code = (f"import runpy, sys; runpy.run_path({str(script)!r}, run_name='__main__'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('minillm', 'experiments')))")
+    args = ["--text", str(text), "--out", str(tmp_path / "r.json"), "--steps", "30", "--eval-every", "30",
+            "--eval-windows", "8", "--dim", "32", "--layers", "2", "--heads", "2", "--hidden", "64", "--seq", "16",
+            "--warmup", "5", "--lr", "1e-2"]
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["vocab"] == len(set(text.read_text()))
+    assert result["test_loss"] < 0.8 * math.log(result["vocab"])
+
+
+def test_independent_loop_has_the_default_models_size():
+    """The loop's default sizes are train.py's default model: the same parameter count (826,496)."""
+    from experiments.calibration import nanogpt_loop
+    from minillm.model import Transformer
+    from minillm.train import model_config
+
+    loop = nanogpt_loop.CharLM(88, 128, 4, 4, 352, 64, 1e-5, 0.02, 10000.0)
+    ours = Transformer(model_config(reference.compose(), 88))
+    assert sum(p.numel() for p in loop.parameters()) == sum(p.numel() for p in ours.parameters()) == 826_496

@@ -25,11 +25,13 @@ def cpu_model() -> str:
 
 
 def machine() -> str:
-    """CPU model, cores, GPU (or "no GPU"), torch version, e.g. "AMD EPYC, 2 cores, no GPU, torch 2.13.0+cpu"."""
+    """CPU model and the kernels torch runs on it, cores, GPU (or "no GPU"), torch version, e.g. "AMD EPYC (AVX2
+    kernels), 2 cores, no GPU, torch 2.13.0+cpu": the same code rounds differently under other kernels."""
     import torch
 
     gpu = "no GPU"
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         gpu = (f"{n}x " if n > 1 else "") + torch.cuda.get_device_name(0)
-    return f"{cpu_model()}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+    kernels = torch.backends.cpu.get_cpu_capability()
+    return f"{cpu_model()} ({kernels} kernels), {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
