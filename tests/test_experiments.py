@@ -151,3 +151,22 @@ def test_independent_loop_has_the_default_models_size():
     loop = nanogpt_loop.CharLM(88, 128, 4, 4, 352, 64, 1e-5, 0.02, 10000.0)
     ours = Transformer(model_config(reference.compose(), 88))
     assert sum(p.numel() for p in loop.parameters()) == sum(p.numel() for p in ours.parameters()) == 826_496
+
+
+def test_s6_quality_rules():
+    """Round 1's committed numbers come back from its runs; round 2's paired interval decides as written."""
+    from experiments.s6_cost import quality
+
+    committed = json.loads((EXPERIMENTS / "s6_cost" / "quality.json").read_text())
+    again = quality.analyze(committed["runs"], committed["seeds"])
+    assert again == {k: committed[k] for k in again}
+
+    def verdict(diffs):
+        runs = [dict(norm=n, seed=s, final_val_loss=2.0 + 0.01 * (s % 3) + (d if n == "rmsnorm" else 0.0))
+                for s, d in enumerate(diffs) for n in quality.NORMS]
+        return quality.analyze(runs, list(range(len(diffs))))["verdict"]
+
+    assert verdict([0.001, -0.002, 0.003, -0.001, 0.0]) == "parity"
+    assert verdict([-0.05, -0.06, -0.04, -0.05]) == "difference: rmsnorm better"
+    assert verdict([0.004, 0.006, 0.005, 0.005]) == "parity (a difference inside the margin: layernorm better)"
+    assert verdict([0.05, -0.06, 0.04, -0.03]) == "inconclusive"
