@@ -283,8 +283,8 @@ def sweep_axes(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        params = compose("train", fixed, return_hydra_config=True).hydra.sweeper.params or {}
-    swept = [f"{k}={v}" for k, v in OmegaConf.to_container(params).items()]
+        params = compose("train", fixed, return_hydra_config=True).hydra.sweeper.params
+    swept = [f"{k}={v}" for k, v in (OmegaConf.to_container(params) if params else {}).items()]
     swept += [o.input_line for o in parsed if o.is_sweep_override()]
     axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
             for o in parser.parse_overrides(swept)]
