@@ -43,7 +43,8 @@ def layer_metric(i: int, name: str) -> str:
 
 
 def norm_metric(site: str, name: str) -> str:
-    """``norm/<site>/<name>``: in_rms, in_max_fp16, gain_mean, gain_std, alpha, bn_mean_dist, bn_var_dist."""
+    """``norm/<site>/<name>``: in_rms, in_max_fp16, gain_mean, gain_std, alpha, bn_mean_dist, bn_var_dist,
+    bn_mean_z, bn_var_z."""
     return f"norm/{site}/{name}"
 
 

@@ -25,10 +25,12 @@ from minillm.callbacks import (
     DivergenceGuard,
     LossSpikeDetector,
     StabilityMonitor,
+    bn_sampling_null,
     bn_stat_distance,
     spike_scores,
 )
 from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
+from minillm.norms import BatchNorm
 from minillm.report import write_report
 
 SUMMARY_FIELDS = {  # config
@@ -158,8 +160,8 @@ def test_bn_stat_distance_is_zero_after_a_step_with_momentum_one(stats):
     model(torch.randint(0, 17, (4, 6)))
     probe.detach()
     out = probe.collect()
-    dists = {k: v for k, v in out.items() if k.endswith(("bn_mean_dist", "bn_var_dist"))}
-    assert len(dists) == 2 * (2 * 2 + 1) and all(v == 0.0 for v in dists.values())  # 5 BN sites
+    dists = {k: v for k, v in out.items() if k.endswith(("bn_mean_dist", "bn_var_dist", "bn_mean_z", "bn_var_z"))}
+    assert len(dists) == 4 * (2 * 2 + 1) and all(v == 0.0 for v in dists.values())  # 5 BN sites
     # with momentum m the running stats move a fraction m of the way: distance = (1 - m) * |batch - old|
     bn = model.norm
     bn.momentum = 0.25
@@ -168,8 +170,29 @@ def test_bn_stat_distance_is_zero_after_a_step_with_momentum_one(stats):
     mu, _ = bn.batch_stats(x)
     bn(x)
     rows = slice(0, 6) if stats == "position" else slice(None)
-    d_mu, _ = bn_stat_distance(bn, x)
+    d_mu, _, z_mu, _ = bn_stat_distance(bn, x)
     assert float(d_mu) == pytest.approx(0.75 * float((mu - old_mean[rows]).pow(2).mean().sqrt()), rel=1e-5)
+    z = 0.75 * (mu - old_mean[rows]) / (bn.running_var[rows] + bn.eps).sqrt()
+    assert float(z_mu) == pytest.approx(float(z.pow(2).mean().sqrt()), rel=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(("batch", "momentum"), [(4, 0.1), (64, 0.1), (16, 0.3)])
+def test_bn_sampling_null_is_what_iid_gaussian_batches_give(batch, momentum):
+    """The S4 fluctuation metric's floor: i.i.d. Gaussian inputs (any mean and scale) give z = the formula."""
+    torch.manual_seed(0)
+    bn = BatchNorm(32, momentum=momentum, max_seq_len=8).train()
+    z_mu, z_var = [], []
+    for step in range(400):
+        x = torch.randn(batch, 8, 32) * 2.5 + 3.0
+        bn(x)
+        if step >= 100:  # the running statistics have forgotten their init
+            _, _, zm, zv = bn_stat_distance(bn, x)
+            z_mu.append(float(zm) ** 2)
+            z_var.append(float(zv) ** 2)
+    null_mu, null_var = bn_sampling_null(batch, momentum)
+    assert math.sqrt(sum(z_mu) / len(z_mu)) == pytest.approx(null_mu, rel=0.05)
+    assert math.sqrt(sum(z_var) / len(z_var)) == pytest.approx(null_var, rel=0.10)  # first order: 7% low at B=4
 
 
 PROBE_CASES = [(norm, "peri") for norm in EAGER_NORMS]  # peri: the most sites (registry-driven)

@@ -5,12 +5,12 @@ from minillm.callbacks.divergence import DivergenceGuard, params_finite
 from minillm.callbacks.histograms import NormHistograms
 from minillm.callbacks.perf import PerfMonitor
 from minillm.callbacks.preemption import PreemptionCheckpoint
-from minillm.callbacks.probe import ActivationProbe, bn_stat_distance, max_attention_logit
+from minillm.callbacks.probe import ActivationProbe, bn_sampling_null, bn_stat_distance, max_attention_logit
 from minillm.callbacks.progress import LogProgress, RichBar, progress_bar
 from minillm.callbacks.sample import TextSample
 from minillm.callbacks.stability import LossSpikeDetector, StabilityMonitor, spike_scores
 from minillm.callbacks.summary import RunSummary
 
 __all__ = ["ActivationProbe", "DivergenceGuard", "LogProgress", "LossSpikeDetector", "NormHistograms", "PerfMonitor",
-           "PreemptionCheckpoint", "RichBar", "RunSummary", "StabilityMonitor", "TextSample", "bn_stat_distance",
-           "max_attention_logit", "params_finite", "progress_bar", "spike_scores"]
+           "PreemptionCheckpoint", "RichBar", "RunSummary", "StabilityMonitor", "TextSample", "bn_sampling_null",
+           "bn_stat_distance", "max_attention_logit", "params_finite", "progress_bar", "spike_scores"]

@@ -29,16 +29,38 @@ def max_attention_logit(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) ->
     return best
 
 
-def bn_stat_distance(bn: BatchNorm, x: Tensor) -> tuple[Tensor, Tensor]:
-    """RMS of (batch mean - running mean) and of (batch var - running var) for the input x (B, T, C)."""
+def bn_stat_distance(bn: BatchNorm, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """How far the batch statistics of the input x (B, T, C) are from the running statistics, as RMS over
+    (position,) feature, against the running statistics as they are after this step's update:
+
+    - ``d_mu``, ``d_var``: RMS of (batch mean - running mean) and of (batch var - running var), raw units;
+    - ``z_mu``, ``z_var``: the same in units of the running statistics, RMS of (batch mean - running mean) /
+      sqrt(running var + eps) and of (batch var - running var) / (running var + eps). Sampling alone gives
+      ``bn_sampling_null`` (about 1/sqrt(B - 1)); more means the batch statistics fluctuate beyond sampling.
+    """
     mu, var = bn.batch_stats(x.float())  # (T, C) or (C,)
     rows = slice(0, x.shape[1]) if bn.stats == "position" else slice(None)
-    d_mu = (mu - bn.running_mean[rows]).pow(2).mean().sqrt()
-    d_var = (var - bn.running_var[rows]).pow(2).mean().sqrt()
-    return d_mu, d_var
+    r_mu, r_var = bn.running_mean[rows], bn.running_var[rows]
+    d_mu, d_var = mu - r_mu, var - r_var
+    scale = r_var + bn.eps
+    return (d_mu.pow(2).mean().sqrt(), d_var.pow(2).mean().sqrt(),
+            (d_mu.pow(2) / scale).mean().sqrt(), (d_var / scale).pow(2).mean().sqrt())
 
 
+def bn_sampling_null(batch: int, momentum: float) -> tuple[float, float]:
+    """Expected ``z_mu`` and ``z_var`` of ``bn_stat_distance`` when every (position, feature) draws its B values
+    independently from one fixed Gaussian: the floor that sampling alone sets (Shen et al. 2020 compare raw
+    distances, which have no such floor). With m the momentum, after the update the distance is (1 - m) times
+    that to the previous running statistic, whose EMA variance adds m / (2 - m) of a batch statistic's; the
+    running variance averages biased batch variances, (B - 1) / B of the true one:
 
+        z_mu = (1 - m) sqrt(2 / (2 - m)) / sqrt(B - 1)
+        z_var = (1 - m) sqrt(2 / (2 - m)) sqrt(2 / (B - 1))
+
+    (to first order: the running variance's own noise adds about 2% at B = 4, less at larger B).
+    """
+    lag = (1 - momentum) * math.sqrt(2 / (2 - momentum))
+    return lag / math.sqrt(batch - 1), lag * math.sqrt(2 / (batch - 1))
 
 
 class ActivationProbe:
@@ -94,9 +116,11 @@ class ActivationProbe:
         self.values[norm_metric(name, "in_rms")].append(_rms(x))
         self.values[norm_metric(name, "in_max_fp16")].append(x.abs().amax().float() / FP16_MAX)
         if isinstance(module, BatchNorm) and module.training:
-            d_mu, d_var = bn_stat_distance(module, x)
+            d_mu, d_var, z_mu, z_var = bn_stat_distance(module, x)
             self.values[norm_metric(name, "bn_mean_dist")].append(d_mu)
             self.values[norm_metric(name, "bn_var_dist")].append(d_var)
+            self.values[norm_metric(name, "bn_mean_z")].append(z_mu)
+            self.values[norm_metric(name, "bn_var_z")].append(z_var)
 
     @torch.no_grad()
     def _head_hook(self, module: nn.Module, args: tuple, out: Tensor) -> None:

@@ -28,6 +28,8 @@ describe (the same step as ``train/loss``):
     norm/<site>/bn_mean_dist, norm/<site>/bn_var_dist   BatchNorm only: RMS over (position,) feature of
                              batch statistic - running statistic, with the running statistics as they are
                              after the step's update (so 0 with momentum=1)
+    norm/<site>/bn_mean_z, norm/<site>/bn_var_z   the same distances in units of the running statistics;
+                             sampling alone gives minillm.callbacks.probe.bn_sampling_null (~1/sqrt(B - 1))
 
 <site> is the module path inside the Transformer: ``layers.0.attn_norm``, ``layers.1.attn.q_norm``, ``norm``.
 """
