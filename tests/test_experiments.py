@@ -204,3 +204,72 @@ def test_s8_dyt_rules():
                                                                                  "confirmed")
     res, _ = s8.analyze(runs(0.08, 0.0, max(s8.ALPHA0)))
     assert (res["h1"]["verdict"], res["h3"]["verdict"]) == ("partly", "contradicted")
+
+
+def test_s5_growth_shape_and_rules():
+    """S5 round 2's pre-registered measures on made-up residual profiles: the shape fit tells exponential from
+    linear growth, and the verdicts follow the rules."""
+    from experiments.common.study import Runs
+    from experiments.s5_precision import growth as g
+
+    assert g.shape([1.2 ** i for i in range(24)]) == "exponential"
+    assert g.shape([1 + 0.5 * i for i in range(24)]) == "linear"
+    assert g.shape([1.0] * 6) == "either"
+
+    def run(placement, L, seed, end, early, loss, tune=False):
+        curves = {f"layer/{i}/resid_rms": [(g.EARLY, early(i)), (400, end(i))] for i in range(L)}
+        return {"placement": placement, "n_layers": L, "seed": seed, "lr": 3e-3, "final_val_loss": loss,
+                "diverged": False, "loss_init": 4.5, "tags": ["growth_tune" if tune else f"growth_{placement}"],
+                "curves": curves}
+
+    def runs(pre_rate):
+        out = [run(p, g.TUNE_DEPTH, g.TUNE_SEED, lambda i: 1.0, lambda i: 1.0, 2.5, tune=True) for p in g.PLACEMENTS]
+        for L in g.DEPTHS:
+            for s in g.SEEDS:
+                out.append(run("pre", L, s, lambda i: pre_rate ** i, lambda i: 1 + 0.01 * i, 2.10))
+                out.append(run("peri", L, s, lambda i: 1 + 0.1 * i, lambda i: 1 + 0.1 * i, 2.05))
+                out.append(run("post", L, s, lambda i: 1.0 + 0.001 * i, lambda i: 1.0, 2.2))
+        return Runs(out)
+
+    res, md = g.analyze(runs(1.2))
+    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
+    assert verdicts == {"G1": "confirmed", "G2": "confirmed", "G3": "confirmed", "G4": "confirmed", "L": "confirmed",
+                        "control": "holds"}, md
+    res, _ = g.analyze(runs(1.0))  # Pre-LN flat: nothing grows
+    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
+    assert verdicts["G1"] == verdicts["G2"] == verdicts["G4"] == "not at this scale" and verdicts["G3"] == "partly"
+
+
+def test_s4_round2_rules():
+    """S4 round 2's pre-registered rules on made-up runs: fluctuation against the sampling null, PowerNorm
+    against LayerNorm at both batch sizes."""
+    from experiments.common.study import Runs
+    from experiments.s4_batchnorm import round2 as s4
+    from minillm.callbacks import bn_sampling_null
+
+    def run(norm, batch, seed, loss, z_ratio=1.0, failed=False):
+        curves = {}
+        if norm == "batchnorm":
+            null = bn_sampling_null(batch, s4.MOMENTUM)
+            curves = {"norm/layers.0.attn_norm/bn_mean_z": [(300, z_ratio * null[0])],
+                      "norm/layers.0.attn_norm/bn_var_z": [(300, null[1])]}
+        return {"norm": norm, "batch_size": batch, "seed": seed, "max_steps": 400, "final_val_loss": loss,
+                "diverged": False, "status": "completed", "unigram_loss": 3.0 if not failed else 1.0,
+                "curves": curves}
+
+    def runs(z_small, pn_small, pn_fail):
+        out = []
+        for seed in range(3):
+            out += [run("batchnorm", 4, seed, 3.5, z_small, failed=True), run("batchnorm", 64, seed, 1.9, 1.1),
+                    run("layernorm", 4, seed, 2.35 + 0.005 * seed), run("layernorm", 64, seed, 1.87),
+                    run("powernorm", 4, seed, pn_small, failed=pn_fail), run("powernorm", 64, seed, 1.88)]
+        return Runs(out)
+
+    res, md = s4.analyze(runs(3.0, 2.37, False))
+    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
+    assert verdicts == {"F": "partly", "P1": "confirmed", "P2": "confirmed", "replication": "reproduced"}, md
+    res, _ = s4.analyze(runs(1.2, 2.6, False))
+    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
+    assert (verdicts["F"], verdicts["P2"]) == ("not at this scale", "partly")
+    res, _ = s4.analyze(runs(1.2, 2.6, True))
+    assert res["verdicts"]["P2"][0] == "not at this scale"
