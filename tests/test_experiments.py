@@ -273,3 +273,54 @@ def test_s4_round2_rules():
     assert (verdicts["F"], verdicts["P2"]) == ("not at this scale", "partly")
     res, _ = s4.analyze(runs(1.2, 2.6, True))
     assert res["verdicts"]["P2"][0] == "not at this scale"
+
+
+def test_s9_scalenorm_rules():
+    """S9's pre-registered rules on made-up runs: warmup-free training per norm, and the paired parity interval."""
+    from experiments.common.study import Runs
+    from experiments.s9_scalenorm import analyze as s9
+
+    def runs(no_warmup_cost, scale_minus_ln):
+        out = []
+        for norm in s9.NORMS:
+            for w in s9.WARMUPS:
+                for lr in (1e-3, 3e-3, 1e-2):
+                    for seed in range(4):
+                        loss = 2.0 + abs(math.log10(lr / 3e-3)) * 0.1 + (0 if w else no_warmup_cost) + 0.003 * seed
+                        loss += (scale_minus_ln + 0.002 * (seed % 2)) if norm == "scalenorm" else 0.0
+                        out.append({"norm": norm, "warmup_steps": w, "lr": lr, "seed": seed, "final_val_loss": loss,
+                                    "diverged": False, "status": "completed", "unigram_loss": 3.2, "loss_init": 4.5,
+                                    "curves": {}})
+        return Runs(out)
+
+    res, md = s9.analyze(runs(0.01, -0.01))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"W": "confirmed", "S": "confirmed (better)"}, md
+    res, _ = s9.analyze(runs(0.2, 0.1))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"W": "not at this scale", "S": "contradicted"}
+
+
+def test_s3_olmo2_rules():
+    """S3 round 2's pre-registered rules on made-up runs: sensitivity on seed means and per seed, stable lr."""
+    from experiments.common.study import Runs
+    from experiments.s3_lr_sensitivity import olmo2
+
+    lrs = (1e-3, 1e-2, 1e-1)
+
+    def runs(olmo_slope):
+        out = []
+        for placement, qk in (olmo2.BASELINE, *olmo2.PARTS.values(), olmo2.OLMO2):
+            slope = olmo_slope if (placement, qk) == olmo2.OLMO2 else 1.0
+            for lr in lrs:
+                for seed in (0, 1):
+                    loss = 2.0 + slope * abs(math.log10(lr / 1e-3)) * (1 + 0.1 * seed)
+                    out.append({"placement": placement, "qk_norm": qk, "lr": lr, "seed": seed,
+                                "final_val_loss": loss, "diverged": False, "status": "completed", "loss_init": 4.5,
+                                "unigram_loss": 3.5, "curves": {}})
+        return Runs(out)
+
+    res, md = olmo2.analyze(runs(0.5))
+    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
+    assert verdicts["O1"] == "confirmed" and verdicts["O3"] == "confirmed" and verdicts["O4"] == "confirmed", md
+    assert verdicts["O2 branch alone"] == "does not lower"
+    res, _ = olmo2.analyze(runs(0.9))
+    assert res["verdicts"]["O1"][0] == "not at this scale" and res["verdicts"]["O3"][0] == "not at this scale"

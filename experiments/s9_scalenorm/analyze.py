@@ -1,0 +1,121 @@
+"""S9: ScaleNorm against LayerNorm, and Pre-LN without warmup (Nguyen & Salazar 2019). Pre-registered: the rules
+below were committed before any run of this study (the README names the commit).
+
+    python train.py -m experiment=s9_scalenorm hydra/launcher=joblib hydra.launcher.n_jobs=2   # 48 runs, ~15 min
+    python -m experiments.s9_scalenorm.analyze logs/s9_scalenorm/multiruns/<t>   # or no argument
+
+Setting (configs/experiment/s9_scalenorm.yaml): Pre-LN, SmallInit (model.init=small), 4 layers, dim 64, 400
+steps, no clipping; norm {layernorm, scalenorm} x warmup {0, 40} x lr {1e-3, 3e-3, 1e-2} x seeds 0-3.
+A run's loss is minillm.outcome.loss_for_comparison (a diverged run counts as ln V).
+
+Hypotheses (Nguyen & Salazar 2019, "Transformers without Tears"):
+  W  Pre-LN trains without warmup: for each norm, the best seed-mean loss over the lr grid without warmup is
+     within MARGIN_WARMUP of that with warmup 40, and no run of that cell fails (minillm.outcome's rule).
+     Confirmed: both norms; partly: one; not at this scale: neither.
+  S  ScaleNorm is at least as good as LayerNorm: paired over seeds, each norm at its best lr with warmup 40,
+     the 95% t-interval of ScaleNorm - LayerNorm. Confirmed: its upper end < MARGIN_PARITY; contradicted: its
+     lower end > MARGIN_PARITY; otherwise unresolved. "better" is added when the upper end is < 0.
+  (The paper's speed claim is a kernel question: experiments/kernel_bench times the norms.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save
+from experiments.common.study import Runs, load, mean, parse_args, table, write
+from minillm.outcome import VAL_LOSS, failed_of, loss_for_comparison
+
+HERE = Path(__file__).parent
+# --- fixed before the runs ---------------------------------------------------------------------------------
+NORMS = ("layernorm", "scalenorm")
+WARMUPS = (0, 40)
+MARGIN_WARMUP = 0.05  # nats
+MARGIN_PARITY = 0.02  # nats (S6's parity margin)
+
+
+def cell(runs: Runs, norm: str, warmup: int, lr: float) -> list[dict]:
+    return sorted((r for r in runs if r["norm"] == norm and r["warmup_steps"] == warmup and math.isclose(r["lr"], lr)),
+                  key=lambda r: r["seed"])
+
+
+def interval(diffs: Sequence[float]) -> tuple[float, float, float]:
+    d = np.asarray(diffs, dtype=float)
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else math.inf
+    return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    lrs = runs.values("lr")
+    grid = {(n, w, lr): cell(runs, n, w, lr) for n in NORMS for w in WARMUPS for lr in lrs}
+    loss = {k: mean(map(loss_for_comparison, rs)) for k, rs in grid.items()}
+    fails = {k: sum(map(failed_of, rs)) for k, rs in grid.items()}
+    rows = [[n, w, *(f"{loss[n, w, lr]:.3f}" + (f" ({fails[n, w, lr]} failed)" if fails[n, w, lr] else "")
+                     for lr in lrs)] for n in NORMS for w in WARMUPS]
+    tab = table(["norm", "warmup steps", *(f"lr {lr:g}" for lr in lrs)], rows)
+    best_lr = {(n, w): min(lrs, key=lambda lr, n=n, w=w: loss[n, w, lr]) for n in NORMS for w in WARMUPS}
+
+    ok = []
+    w_numbers = []
+    for n in NORMS:
+        d = loss[n, 0, best_lr[n, 0]] - loss[n, 40, best_lr[n, 40]]
+        clean = not fails[n, 0, best_lr[n, 0]]
+        w_numbers.append(f"{n}: best without - with warmup {d:+.3f} (lr {best_lr[n, 0]:g} vs {best_lr[n, 40]:g}), "
+                         f"{fails[n, 0, best_lr[n, 0]]} failed")
+        if d <= MARGIN_WARMUP and clean:
+            ok.append(n)
+    w = "confirmed" if len(ok) == len(NORMS) else "partly" if ok else "not at this scale"
+
+    sc = {r["seed"]: loss_for_comparison(r) for r in grid["scalenorm", 40, best_lr["scalenorm", 40]]}
+    ln = {r["seed"]: loss_for_comparison(r) for r in grid["layernorm", 40, best_lr["layernorm", 40]]}
+    diffs = [sc[s] - ln[s] for s in sorted(sc) if s in ln]
+    m, lo, hi = interval(diffs)
+    s = ("confirmed" + (" (better)" if hi < 0 else "") if hi < MARGIN_PARITY else
+         "contradicted" if lo > MARGIN_PARITY else "unresolved")
+    verdicts = {"W": (w, "; ".join(w_numbers)),
+                "S": (s, f"ScaleNorm - LayerNorm {m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds "
+                         f"(lr {best_lr['scalenorm', 40]:g} vs {best_lr['layernorm', 40]:g})")}
+    vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
+    md = (f"Machine: {machine()}. {len(runs)} runs, seed-mean loss (a diverged run counts as ln V) per cell."
+          f"\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
+    results = {"loss": [{"norm": n, "warmup": w, "lr": lr, "loss": loss[n, w, lr], "failed": fails[n, w, lr]}
+                        for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs, "machine": machine()}
+    return results, md
+
+
+def plot(runs: Runs, out: Path) -> None:
+    plt = pyplot()
+    lrs = runs.values("lr")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, n in enumerate(NORMS):
+        for w in WARMUPS:
+            axes[0].plot(lrs, [mean(map(loss_for_comparison, cell(runs, n, w, lr))) for lr in lrs], marker="o",
+                         color=f"C{i}", linestyle="-" if w else "--", label=f"{n}, warmup {w}")
+            r = next(iter(cell(runs, n, w, max(lrs))), None)
+            if r and r["curves"].get(VAL_LOSS):
+                steps, values = zip(*r["curves"][VAL_LOSS], strict=True)
+                axes[1].plot(steps, values, color=f"C{i}", linestyle="-" if w else "--", label=f"{n}, warmup {w}")
+    axes[0].set(xscale="log", xlabel="peak lr", ylabel="final val loss (diverged = ln V)", title="loss by lr")
+    axes[1].set(xlabel="step", ylabel="val loss", title=f"lr {max(lrs):g}, seed 0")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    save(fig, out / "scalenorm.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: k == VAL_LOSS, out)
+    results, md = analyze(runs)
+    write(out, results, md)
+    plot(runs, out)
+
+
+if __name__ == "__main__":
+    main()
