@@ -324,3 +324,28 @@ def test_s3_olmo2_rules():
     assert verdicts["O2 branch alone"] == "does not lower"
     res, _ = olmo2.analyze(runs(0.9))
     assert res["verdicts"]["O1"][0] == "not at this scale" and res["verdicts"]["O3"][0] == "not at this scale"
+
+
+def test_s10_mixln_rules():
+    """S10's pre-registered rules on made-up runs: gradient tilt, deep-layer importance and loss."""
+    from experiments.common.study import Runs
+    from experiments.s10_mixln import analyze as s10
+
+    assert s10.tilt([4, 4, 3, 2, 1, 1, 1, 1]) == pytest.approx(4.0)
+
+    def run(placement, L, seed, grad, drop, loss):
+        curves = {f"layer/{i}/grad_norm": [(300, grad(i)), (400, grad(i))] for i in range(L)}
+        return {"placement": placement, "n_layers": L, "seed": seed, "final_val_loss": loss, "diverged": False,
+                "curves": curves, "layer_drop": {"loss": loss, "drop": [drop(i) for i in range(L)]}}
+
+    shapes = {"pre": (lambda i: 1.0 / (1 + i), lambda i: 0.01, 2.10),
+              "post": (lambda i: 0.1 * (1 + i), lambda i: 0.05, 2.20),
+              "mix": (lambda i: 1.0, lambda i: 0.03, 2.05)}
+    runs = Runs(run(p, L, s, *shapes[p]) for p in s10.PLACEMENTS for L in s10.DEPTHS for s in (0, 1))
+    res, md = s10.analyze(runs)
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"M1": "confirmed", "M2": "confirmed",
+                                                              "M3": "confirmed"}, md
+    shapes["mix"] = (lambda i: 1.0 / (1 + i), lambda i: 0.01, 2.11)  # Mix-LN behaves as Pre-LN
+    res, _ = s10.analyze(Runs(run(p, L, s, *shapes[p]) for p in s10.PLACEMENTS for L in s10.DEPTHS for s in (0, 1)))
+    assert res["verdicts"]["M1"][0] == "partly" and res["verdicts"]["M2"][0] == res["verdicts"]["M3"][0] == (
+        "not at this scale")
