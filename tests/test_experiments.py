@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 # the analyses that re-analyze committed runs, and where their committed results are
 ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sensitivity.analyze": "s3_lr_sensitivity",
-            "experiments.s4_batchnorm.analyze": "s4_batchnorm", "experiments.s5_precision.analyze": "s5_precision",
+            "experiments.s4_batchnorm.analyze": "s4_batchnorm",
+            "experiments.s4_batchnorm.round2": "s4_batchnorm/round2",
+            "experiments.s5_precision.analyze": "s5_precision",
             "experiments.s7_depth.analyze": "s7_depth", "experiments.s7_depth.output_change": "s7_depth/output_change",
             "experiments.s7_depth.warmup": "s7_depth/warmup"}
 
