@@ -58,6 +58,8 @@ def llama_incompatibilities(model: dict) -> list[str]:
         out.append(f"layers={[cfg['layers'][i] for i in odd]} at {odd} (Llama's layers are all Pre-LN RMSNorm)")
     if cfg["qk_norm"] != "none":
         out.append(f"qk_norm={cfg['qk_norm']} (Llama has no QK-norm)")
+    if cfg.get("layernorm_scaling"):
+        out.append("layernorm_scaling=True (Llama does not scale its norms by depth)")
     return out
 
 

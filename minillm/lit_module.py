@@ -152,14 +152,12 @@ class LitLM(L.LightningModule):
 
     def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch
-        logits = self(x)  # (B, T, V)
-        _, ce = self.loss(logits, y)
-        self.eval_ce.update(ce, weight=y.numel())
+        nats = F.cross_entropy(self(x).float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,), once
+        self.eval_ce.update(nats.mean(), weight=y.numel())
         if self.token_bytes is not None:
             if self.token_bytes.device != y.device:
                 self.token_bytes = self.token_bytes.to(y.device)
             nbytes = self.token_bytes[y.flatten()]  # (B*T,) 0 for special tokens (end of document)
-            nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,)
             self.eval_nats.update((nats.double() * (nbytes > 0)).sum())
             self.eval_bytes.update(nbytes.sum())
 

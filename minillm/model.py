@@ -37,6 +37,7 @@ class ModelConfig:
     norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
     placement: str = "pre"
     mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
+    layernorm_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): input norm of layer l times 1/sqrt(l)
     layers: list[dict] | None = None  # per-layer overrides: [{"placement": "post", "norm": "layernorm"}, ...]
     qk_norm: str = "none"  # norm applied per head to queries and keys, before RoPE
     qk_norm_options: dict = field(default_factory=dict)  # options of the QK-norm (the main norm's are its own)
@@ -60,7 +61,7 @@ class ModelConfig:
             check_number(f"model.{name}", getattr(self, name), low=0.0)
         check_number("model.rope_theta", self.rope_theta, low=0.0, low_open=True)
         check_number("model.mix_fraction", self.mix_fraction, low=0.0, high=1.0)
-        for name in ("tie_embeddings", "depth_scaled_init"):
+        for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling"):
             check_bool(f"model.{name}", getattr(self, name))
         check_choice("model.norm", self.norm, sorted(NORMS))
         check_choice("model.placement", self.placement, PLACEMENTS)
@@ -86,6 +87,9 @@ class ModelConfig:
                     fail(f"layers[{i}]", spec, "the keys placement, norm")
                 check_choice(f"model.layers[{i}].placement", spec.get("placement", "pre"), BLOCK_PLACEMENTS)
                 check_choice(f"model.layers[{i}].norm", spec.get("norm", self.norm), sorted(NORMS))
+        if self.layernorm_scaling and not any(p in ("pre", "peri") for p, _ in self.layer_specs()):
+            fail("layernorm_scaling", self.layernorm_scaling, "false when no layer has an input norm (it scales the "
+                 "norm before each sublayer: placement pre, peri, or mix's Pre-LN layers)")
         self.head_dim = self.dim // self.n_heads
         if self.ffn_hidden is None:
             self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
@@ -250,13 +254,19 @@ class Block(nn.Module):
         peri      x + norm_out(f(norm(x)))          Peri-LN / Gemma 2 "sandwich"
         branch    x + norm(f(x))                    OLMo 2 (norm on the branch output only)
         deepnorm  norm(alpha * x + f(x))            DeepNet, alpha = (2L)^(1/4)
+
+    With cfg.layernorm_scaling, pre and peri use norm(x) / sqrt(index + 1) in place of norm(x).
     """
 
-    def __init__(self, cfg: ModelConfig, placement: str, norm: str):
+    def __init__(self, cfg: ModelConfig, placement: str, norm: str, index: int = 0):
         super().__init__()
         if placement not in BLOCK_PLACEMENTS:
             raise ConfigError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
         self.placement = placement
+        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in LLMs"): the input norm's output of layer
+        # l = index + 1 times 1/sqrt(l), so deep Pre-LN layers add less to the residual stream at init
+        scaled = cfg.layernorm_scaling and placement in ("pre", "peri")
+        self.norm_scale = 1.0 / math.sqrt(index + 1) if scaled else 1.0
         self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
         self.attn = Attention(cfg)
         self.ffn = FeedForward(cfg.dim, cfg.ffn_hidden)
@@ -272,11 +282,11 @@ class Block(nn.Module):
         for f, norm, out_norm in sublayers:
             norm, out_norm = at_positions(norm, start), at_positions(out_norm, start)
             if self.placement == "pre":
-                x = x + f(norm(x))
+                x = x + f(norm(x) * self.norm_scale)
             elif self.placement == "post":
                 x = norm(x + f(x))
             elif self.placement == "peri":
-                x = x + out_norm(f(norm(x)))
+                x = x + out_norm(f(norm(x) * self.norm_scale))
             elif self.placement == "branch":
                 x = x + norm(f(x))
             else:  # deepnorm
@@ -291,7 +301,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg, p, n) for p, n in cfg.layer_specs())
+        self.layers = nn.ModuleList(Block(cfg, p, n, i) for i, (p, n) in enumerate(cfg.layer_specs()))
         last_placement, last_norm = cfg.layer_specs()[-1]
         ends_normed = last_placement in ("post", "deepnorm")
         self.norm = nn.Identity() if ends_normed else make_norm(cfg, last_norm)

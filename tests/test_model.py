@@ -280,6 +280,9 @@ def test_too_long_input_is_an_error():
         (dict(mix_fraction=1.5), r"model.mix_fraction=1.5 is invalid"),
         (dict(layers=[{}]), r"model.layers=.* is invalid; allowed: one entry per layer \(n_layers=2\)"),
         (dict(layers=[{"placement": "mix"}, {}]), r"model.layers\[0\].placement='mix' is invalid"),
+        (dict(layernorm_scaling="yes"), r"model.layernorm_scaling='yes' is invalid; allowed: true or false$"),
+        (dict(layernorm_scaling=True, placement="post"),
+         r"model.layernorm_scaling=True is invalid; allowed: false when no layer has an input norm"),
     ],
 )
 def test_config_errors_name_field_value_and_what_is_allowed(kw, message):
@@ -495,3 +498,25 @@ def test_each_init_scheme_gives_its_weight_statistics(init, placement):
 def test_unknown_init_is_a_config_error():
     with pytest.raises(ValueError, match="model.init='kaiming' is invalid; allowed: auto, gpt2, xavier"):
         ModelConfig(init="kaiming")
+
+
+@pytest.mark.parametrize("placement", ["pre", "peri", "mix"])
+def test_layernorm_scaling_is_the_input_norm_gain_times_one_over_sqrt_depth(placement):
+    """LayerNorm Scaling (Sun et al. 2025) with RMSNorm = the plain model whose input norms of layer l (1-based,
+    Pre-LN and Peri-LN layers only) have their gain divided by sqrt(l): same function, same gradients."""
+    torch.manual_seed(0)
+    cfg = dict(n_layers=4, placement=placement, mix_fraction=0.25)
+    scaled, plain = Transformer(tiny(layernorm_scaling=True, **cfg)), Transformer(tiny(**cfg))
+    plain.load_state_dict(scaled.state_dict())
+    with torch.no_grad():
+        for i, block in enumerate(plain.layers):
+            if block.placement in ("pre", "peri"):
+                for norm in (block.attn_norm, block.ffn_norm):
+                    norm.weight /= math.sqrt(i + 1)
+    assert [b.norm_scale for b in scaled.layers] == [
+        1 / math.sqrt(i + 1) if b.placement in ("pre", "peri") else 1.0 for i, b in enumerate(scaled.layers)]
+    idx = tokens(2, 8)
+    torch.testing.assert_close(scaled(idx), plain(idx), rtol=1e-5, atol=1e-6)
+    unscaled = Transformer(tiny(**cfg))
+    unscaled.load_state_dict(scaled.state_dict())
+    assert not torch.allclose(scaled(idx), unscaled(idx), atol=1e-4)  # the scaling changes the function

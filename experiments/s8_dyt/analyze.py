@@ -1,7 +1,7 @@
 """S8: DyT (Zhu et al. 2025) against RMSNorm, alpha0 x lr, two token budgets. Pre-registered: the thresholds
 and rules below were committed before any run of this study (the README names the commit).
 
-    python -m experiments.s8_dyt.run                         # the three sweeps, then this analysis (~25 min)
+    python -m experiments.s8_dyt.run                         # the three sweeps, then this analysis (~17 min)
     python -m experiments.s8_dyt.analyze logs/s8_dyt/multiruns/<grid> <baseline> <long>   # or no argument
 
 Hypotheses, each with its published source:

@@ -1,5 +1,5 @@
 """S8's runs: the DyT grid and the RMSNorm baseline at 400 steps (two processes at a time), then the 1600-step
-runs of the best alpha0 at lr 3e-3 beside RMSNorm, then the analysis. ~25 min on 2 cores.
+runs of the best alpha0 at lr 3e-3 beside RMSNorm, then the analysis. ~17 min on 2 cores.
 
     python -m experiments.s8_dyt.run                 # sweeps into logs/s8_dyt/multiruns/<stage>_<time>
     python -m experiments.s8_dyt.run --dry-run       # print the commands only
