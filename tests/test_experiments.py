@@ -351,3 +351,30 @@ def test_s10_mixln_rules():
     res, _ = s10.analyze(Runs(run(p, L, s, *shapes[p]) for p in s10.PLACEMENTS for L in s10.DEPTHS for s in (0, 1)))
     assert res["verdicts"]["M1"][0] == "partly" and res["verdicts"]["M2"][0] == res["verdicts"]["M3"][0] == (
         "not at this scale")
+
+
+def test_s10_lns_rules():
+    """S10 round 2's pre-registered rules on made-up runs: LayerNorm Scaling against Pre-LN."""
+    from experiments.common.study import Runs
+    from experiments.s10_mixln import lns
+
+    def run(placement, L, seed, resid, drop, loss, tags=()):
+        curves = {f"layer/{i}/resid_rms": [(400, resid(i))] for i in range(L)}
+        curves |= {f"layer/{i}/grad_norm": [(400, 1.0)] for i in range(L)}
+        return {"placement": placement, "n_layers": L, "seed": seed, "final_val_loss": loss, "diverged": False,
+                "tags": list(tags), "curves": curves, "layer_drop": {"loss": loss, "drop": [drop] * L}}
+
+    def runs(lns_growth, lns_drop, lns_loss):
+        out = []
+        for L in (12, 24):
+            for s in (0, 1):
+                out += [run("pre", L, s, lambda i: 1.2 ** i, 0.01, 2.10),
+                        run("mix", L, s, lambda i: 1.0, 0.02, 2.08),
+                        run("pre", L, s, lambda i: lns_growth ** i, lns_drop, lns_loss, tags=["lns"])]
+        return Runs(out)
+
+    res, md = lns.analyze(runs(1.05, 0.02, 2.05))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"C1": "confirmed", "C2": "confirmed",
+                                                              "C3": "confirmed"}, md
+    res, _ = lns.analyze(runs(1.2, 0.01, 2.10))
+    assert {v for v, _ in res["verdicts"].values()} == {"not at this scale"}
