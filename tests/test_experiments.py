@@ -378,3 +378,30 @@ def test_s10_lns_rules():
                                                               "C3": "confirmed"}, md
     res, _ = lns.analyze(runs(1.2, 0.01, 2.10))
     assert {v for v, _ in res["verdicts"].values()} == {"not at this scale"}
+
+
+def test_s8_round2_rules():
+    """S8 round 2's pre-registered rules on made-up runs: the alpha0 bracket and the unit-scale-input gap."""
+    from experiments.common.study import Runs
+    from experiments.s8_dyt import analyze as s8
+    from experiments.s8_dyt import round2
+
+    def run(norm, lr, seed, loss, a0=None, tags=()):
+        return {"norm": norm, "lr": lr, "seed": seed, "max_steps": s8.SHORT, "final_val_loss": loss,
+                "diverged": False, "loss_init": 4.5, "norm_options": {"alpha0": a0} if norm == "dyt" else {},
+                "tags": list(tags)}
+
+    def runs(best_a0, xavier_gap):
+        out = [run("dyt", lr, s, 2.0 + abs(math.log(a / best_a0)), a) for lr in s8.LRS for s in s8.SEEDS
+               for a in (*round2.SMALL_ALPHA0, *s8.ALPHA0)]
+        out += [run("dyt", round2.LR, s, 2.0 + xavier_gap + 0.1 * abs(math.log(a / 0.25)), a, ["xavier"])
+                for s in s8.SEEDS for a in round2.XAVIER_ALPHA0]
+        out += [run("rmsnorm", round2.LR, s, 2.0, tags=["xavier"]) for s in s8.SEEDS]
+        return Runs(out)
+
+    res, md = round2.analyze(runs(0.1, 0.05))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"D1": "bracketed", "D2": "confirmed"}, md
+    res, _ = round2.analyze(runs(0.05, 0.5))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"D1": "not bracketed", "D2": "partly"}
+    res, _ = round2.analyze(runs(0.05, 0.8))
+    assert res["verdicts"]["D2"][0] == "not at this scale"

@@ -204,6 +204,7 @@ def test_a_model_llama_cannot_express_is_refused_with_every_reason(ckpts, tmp_pa
     (dict(layers=[{}, {"placement": "peri"}], n_layers=2), ["layers=[{'placement': 'peri'}] at [1]"]),
     (dict(layers=[{"norm": "fused_rmsnorm"}, {"placement": "pre"}], n_layers=2), []),
     (dict(norm="dyt", qk_norm="layernorm"), ["norm=dyt", "qk_norm=layernorm"]),
+    (dict(layernorm_scaling=True), ["layernorm_scaling=True"]),
 ])
 def test_llama_incompatibilities_name_each_field(model, reasons):
     found = llama_incompatibilities(model)
