@@ -405,3 +405,25 @@ def test_s8_round2_rules():
     assert {k: v for k, (v, _) in res["verdicts"].items()} == {"D1": "not bracketed", "D2": "partly"}
     res, _ = round2.analyze(runs(0.05, 0.8))
     assert res["verdicts"]["D2"][0] == "not at this scale"
+
+
+def test_s2_xavier_rules():
+    """S2 round 2's pre-registered rules on made-up runs: Post-LN needs warmup, Pre-LN does not."""
+    from experiments.common.study import Runs
+    from experiments.s2_warmup import xavier
+
+    def runs(post_cold_penalty, pre_cold_penalty):
+        out = []
+        for p, penalty in (("pre", pre_cold_penalty), ("post", post_cold_penalty)):
+            for lr in (1e-3, 3e-3, 1e-2):
+                for w in (0, xavier.WARMUP):
+                    for s in range(3):
+                        loss = 2.0 + 0.01 * s + (penalty * (lr == 1e-2) if w == 0 else 0.0)
+                        out.append({"placement": p, "lr": lr, "warmup_steps": w, "seed": s, "final_val_loss": loss,
+                                    "diverged": False, "status": "completed", "unigram_loss": 3.2, "loss_init": 4.5})
+        return Runs(out)
+
+    res, md = xavier.analyze(runs(0.3, 0.01))
+    assert res["verdicts"]["overall"][0] == "confirmed", md
+    assert xavier.analyze(runs(0.3, 0.2))[0]["verdicts"]["overall"][0] == "partly"
+    assert xavier.analyze(runs(0.01, 0.2))[0]["verdicts"]["overall"][0] == "not at this scale"
