@@ -51,6 +51,13 @@ def interval(diffs: Sequence[float]) -> tuple[float, float, float]:
     return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half
 
 
+def parity_verdict(lo: float, hi: float) -> str:
+    """Hypothesis S's rule on the 95% interval of ScaleNorm - LayerNorm."""
+    if hi < MARGIN_PARITY:
+        return "confirmed" + (" (better)" if hi < 0 else "")
+    return "contradicted" if lo > MARGIN_PARITY else "unresolved"
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
     lrs = runs.values("lr")
     grid = {(n, w, lr): cell(runs, n, w, lr) for n in NORMS for w in WARMUPS for lr in lrs}
@@ -76,8 +83,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     ln = {r["seed"]: loss_for_comparison(r) for r in grid["layernorm", 40, best_lr["layernorm", 40]]}
     diffs = [sc[s] - ln[s] for s in sorted(sc) if s in ln]
     m, lo, hi = interval(diffs)
-    s = ("confirmed" + (" (better)" if hi < 0 else "") if hi < MARGIN_PARITY else
-         "contradicted" if lo > MARGIN_PARITY else "unresolved")
+    s = parity_verdict(lo, hi)
     verdicts = {"W": (w, "; ".join(w_numbers)),
                 "S": (s, f"ScaleNorm - LayerNorm {m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds "
                          f"(lr {best_lr['scalenorm', 40]:g} vs {best_lr['layernorm', 40]:g})")}

@@ -1,0 +1,62 @@
+"""S9 round 2: S (ScaleNorm vs LayerNorm) left unresolved by 4 seeds; 12 more seeds at the cell S compares.
+Pre-registered: the rule below was committed before any run of this round (the README names the commit).
+Results go to experiments/s9_scalenorm/seeds/.
+
+    python train.py -m experiment=s9_scalenorm optimizer.lr=1e-2 scheduler.warmup_steps=40 \\
+        seed=4,5,6,7,8,9,10,11,12,13,14,15 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
+        hydra.sweep.dir=logs/s9_scalenorm/multiruns/seeds                   # 24 runs, ~8 min on 2 cores
+    python -m experiments.s9_scalenorm.seeds logs/s9_scalenorm/multiruns/seeds   # or no argument
+
+The cell: lr 1e-2 with warmup 40, the best lr of both norms in S9's grid (seeds 0-3, committed). The new seeds'
+runs join the committed seeds 0-3 of that cell. Nothing else of S9 is re-judged (W stays over seeds 0-3).
+
+Hypothesis S, as in analyze.py, over seeds 0-15: the 95% t-interval of ScaleNorm - LayerNorm, paired by seed.
+Confirmed: its upper end < MARGIN_PARITY ("better" added when < 0); contradicted: its lower end > MARGIN_PARITY;
+otherwise unresolved. Reported beside it: whether the interval excludes zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments.common.machine import machine
+from experiments.common.study import Runs, load, parse_args, table, write
+from experiments.s9_scalenorm import analyze as s9
+from minillm.outcome import loss_for_comparison
+
+HERE = Path(__file__).parent / "seeds"
+# --- fixed before the runs ---------------------------------------------------------------------------------
+LR, WARMUP = 1e-2, 40
+SEEDS = range(16)
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    per_norm = {n: {r["seed"]: loss_for_comparison(r) for r in s9.cell(runs, n, WARMUP, LR) if r["seed"] in SEEDS}
+                for n in s9.NORMS}
+    seeds = sorted(set(per_norm["scalenorm"]) & set(per_norm["layernorm"]))
+    diffs = [per_norm["scalenorm"][s] - per_norm["layernorm"][s] for s in seeds]
+    m, lo, hi = s9.interval(diffs)
+    verdict = s9.parity_verdict(lo, hi)
+    zero = "excludes zero" if lo > 0 or hi < 0 else "holds zero"
+    rows = [[s, per_norm["layernorm"][s], per_norm["scalenorm"][s], d] for s, d in zip(seeds, diffs, strict=True)]
+    tab = table(["seed", "LayerNorm", "ScaleNorm", "ScaleNorm - LayerNorm"], rows)
+    numbers = f"{m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds ({zero})"
+    md = (f"Machine: {machine()}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n{tab}\n\n"
+          f"### Verdict (rule fixed before the runs)\n\nS: **{verdict}**: ScaleNorm - LayerNorm {numbers}\n")
+    return {"verdict": verdict, "mean": m, "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
+            "excludes_zero": not (lo <= 0 <= hi) if math.isfinite(lo) else False, "machine": machine()}, md
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    new = load(HERE, args.sweeps, lambda k: False, out)
+    first = load(s9.HERE, [], lambda k: False)
+    results, md = analyze(Runs([*first, *new]))
+    write(out, results, md)
+
+
+if __name__ == "__main__":
+    main()
