@@ -42,6 +42,19 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     return p.parse_args(argv)
 
 
+def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
+                  analyze: Callable[[Runs], tuple[dict, str]], plot: Callable[[Runs, Path], None] | None,
+                  argv: Sequence[str] | None = None) -> None:
+    """A study's analysis CLI: its runs (sweep folders, or the committed copy in ``folder``), keeping the curves
+    ``metrics`` selects; ``analyze`` gives results.json's dict and results.md's text; ``plot`` draws from the runs."""
+    args = parse_args(doc, argv)
+    out = args.out or folder
+    runs = load(folder, args.sweeps, metrics, out)
+    write(out, *analyze(runs))
+    if plot is not None:
+        plot(runs, out)
+
+
 def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool], out: Path | None = None) -> Runs:
     """Runs of the given sweep folders (saved compactly in ``out``, default ``folder``), or the copy in ``folder``."""
     runs_file, curves_file = folder / "runs.jsonl", folder / "curves.json"

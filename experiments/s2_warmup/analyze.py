@@ -12,7 +12,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, fmt, load, mean, parse_args, spread, table, write
+from experiments.common.study import Runs, analysis_main, fmt, mean, spread, table
 from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
@@ -104,12 +104,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k in (TRAIN_LOSS, VAL_LOSS), out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k in (TRAIN_LOSS, VAL_LOSS), analyze, plot, argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from experiments.common.study import Runs, analysis_main, mean, spread, table
 from experiments.s2_warmup.analyze import INSENSITIVE, NEEDS_WARMUP
 from minillm.outcome import VAL_LOSS, failed_of, loss_for_comparison
 
@@ -83,12 +83,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k == VAL_LOSS, out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv)
 
 
 if __name__ == "__main__":

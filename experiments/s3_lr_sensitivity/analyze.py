@@ -12,7 +12,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.outcome import MAX_ATTN_LOGIT, failed_of, loss_for_comparison
 from minillm.report import lr_sensitivity
 
@@ -111,12 +111,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k == MAX_ATTN_LOGIT, out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k == MAX_ATTN_LOGIT, analyze, plot, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from experiments.common.study import Runs, analysis_main, mean, spread, table
 from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, final_loss, parse_metric
 
 HERE = Path(__file__).parent
@@ -131,12 +131,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_mean_dist(k), out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_mean_dist(k), analyze, plot, argv)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from experiments.common.study import Runs, analysis_main, mean, spread, table
 from minillm.callbacks import bn_sampling_null
 from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, final_loss, parse_metric
 
@@ -151,13 +151,8 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
     keep = (lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_z(k) or is_bn_z(k, "bn_var_z"))
-    runs = load(HERE, args.sweeps, keep, out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, keep, analyze, plot, argv)
 
 
 if __name__ == "__main__":

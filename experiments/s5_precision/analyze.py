@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, load, mean, parse_args, spread, table, write
+from experiments.common.study import Runs, analysis_main, mean, spread, table
 from minillm.outcome import AMP_SCALE, final_loss, parse_metric
 
 HERE = Path(__file__).parent
@@ -106,12 +106,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k == AMP_SCALE or resid_block(k) is not None, out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k == AMP_SCALE or resid_block(k) is not None, analyze, plot, argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from scipy import stats
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.outcome import VAL_LOSS, failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
@@ -115,12 +115,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(__doc__, argv)
-    out = args.out or HERE
-    runs = load(HERE, args.sweeps, lambda k: k == VAL_LOSS, out)
-    results, md = analyze(runs)
-    write(out, results, md)
-    plot(runs, out)
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv)
 
 
 if __name__ == "__main__":
