@@ -29,7 +29,11 @@ ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sen
             "experiments.s4_batchnorm.round2": "s4_batchnorm/round2",
             "experiments.s5_precision.analyze": "s5_precision",
             "experiments.s7_depth.analyze": "s7_depth", "experiments.s7_depth.output_change": "s7_depth/output_change",
-            "experiments.s7_depth.warmup": "s7_depth/warmup"}
+            "experiments.s7_depth.warmup": "s7_depth/warmup",
+            "experiments.s2_warmup.xavier": "s2_warmup/xavier", "experiments.s3_lr_sensitivity.olmo2":
+            "s3_lr_sensitivity/olmo2", "experiments.s5_precision.growth": "s5_precision/growth",
+            "experiments.s8_dyt.analyze": "s8_dyt", "experiments.s8_dyt.round2": "s8_dyt/round2",
+            "experiments.s9_scalenorm.analyze": "s9_scalenorm", "experiments.s10_mixln.analyze": "s10_mixln"}
 
 
 def modules() -> list[str]:
