@@ -165,7 +165,8 @@ def plot(runs: Runs, out: Path) -> None:
                 if r.get("layer_drop"):
                     axes[1, j].plot(range(1, L + 1), r["layer_drop"]["drop"], **style)
         axes[0, j].set(yscale="log", xlabel="block", ylabel="gradient norm (last 100 steps)", title=f"L={L}")
-        axes[1, j].set(yscale="symlog", xlabel="block dropped", ylabel="val loss increase")
+        axes[1, j].set(xlabel="block dropped", ylabel="val loss increase (nats)")
+        axes[1, j].axhline(0, color="k", lw=0.5)
         axes[0, j].legend(fontsize=8)
     save(fig, out / "mixln.png")
 
