@@ -34,7 +34,8 @@ ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sen
             "s3_lr_sensitivity/olmo2", "experiments.s5_precision.growth": "s5_precision/growth",
             "experiments.s8_dyt.analyze": "s8_dyt", "experiments.s8_dyt.round2": "s8_dyt/round2",
             "experiments.s9_scalenorm.analyze": "s9_scalenorm",
-            "experiments.s9_scalenorm.seeds": "s9_scalenorm/seeds", "experiments.s10_mixln.analyze": "s10_mixln"}
+            "experiments.s9_scalenorm.seeds": "s9_scalenorm/seeds", "experiments.s10_mixln.analyze": "s10_mixln",
+            "experiments.s10_mixln.lns": "s10_mixln/lns"}
 
 
 def modules() -> list[str]:
