@@ -35,3 +35,13 @@ def machine() -> str:
         gpu = (f"{n}x " if n > 1 else "") + torch.cuda.get_device_name(0)
     kernels = torch.backends.cpu.get_cpu_capability()
     return f"{cpu_model()} ({kernels} kernels), {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+
+
+def run_kernels(runs: list[dict]) -> str:
+    """The CPU kernels and torch versions the runs themselves recorded (summary.json), e.g. "AVX2 kernels, torch
+    2.13.0+cpu: 8 runs; AVX512 kernels, torch 2.13.0+cpu: 24 runs": machine() names where the analysis ran."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        key = f"{r.get('cpu_capability') or 'unrecorded'} kernels, torch {r.get('torch_version') or 'unrecorded'}"
+        counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{k}: {n} runs" for k, n in sorted(counts.items()))

@@ -5,7 +5,7 @@ run of this round (the README names the commit). Results go to experiments/s2_wa
 
     python train.py -m experiment=s2_warmup model.init=xavier model.n_layers=12 scheduler.warmup_steps=0,100 \\
         seed=0,1,2 'tags=[xavier]' hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
-        hydra.sweep.dir=logs/s2_warmup/multiruns/xavier                 # 36 runs, ~20 min on 2 cores
+        hydra.sweep.dir=logs/s2_warmup/multiruns/xavier                 # 36 runs, ~27 min on 2 cores
     python -m experiments.s2_warmup.xavier logs/s2_warmup/multiruns/xavier   # or no argument
 
 Setting: S2's (LayerNorm, dim 64, 400 steps, no clipping, cosine after a linear warmup), L = 12, placement

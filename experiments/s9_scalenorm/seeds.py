@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common.machine import machine
+from experiments.common.machine import machine, run_kernels
 from experiments.common.study import Runs, load, parse_args, table, write
 from experiments.s9_scalenorm import analyze as s9
 from minillm.outcome import loss_for_comparison
@@ -43,7 +43,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     rows = [[s, per_norm["layernorm"][s], per_norm["scalenorm"][s], d] for s, d in zip(seeds, diffs, strict=True)]
     tab = table(["seed", "LayerNorm", "ScaleNorm", "ScaleNorm - LayerNorm"], rows)
     numbers = f"{m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds ({zero})"
-    md = (f"Machine: {machine()}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n{tab}\n\n"
+    used = [r for r in runs if r["norm"] in s9.NORMS and r["warmup_steps"] == WARMUP and math.isclose(r["lr"], LR)
+            and r["seed"] in seeds]
+    md = (f"Analysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n"
+          f"{tab}\n\n"
           f"### Verdict (rule fixed before the runs)\n\nS: **{verdict}**: ScaleNorm - LayerNorm {numbers}\n")
     return {"verdict": verdict, "mean": m, "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
             "excludes_zero": not (lo <= 0 <= hi) if math.isfinite(lo) else False, "machine": machine()}, md
