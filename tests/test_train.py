@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -112,6 +113,7 @@ def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):
                         "scheduler.total_steps=8")
     train_script.train(first)
     ckpt = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    time.sleep(1.1)  # started_at has 1 s resolution: the resumed segment starts in a later second
     resumed = compose_cfg(tmp_path / "resumed", corpus, "trainer.max_steps=8", "trainer.val_check_interval=4",
                           f"ckpt_path={ckpt}")
     train_script.train(resumed)
@@ -125,6 +127,7 @@ def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):
         assert tail[key] == pytest.approx(whole[key], rel=1e-6), key
     first_summary = json.loads((Path(first.paths.output_dir) / "summary.json").read_text())
     assert tail["train_time_s"] > first_summary["train_time_s"]  # the first segment's time is included
+    assert tail["started_at"] == first_summary["started_at"] <= tail["written_at"]  # dated from the first segment
 
 
 def test_wandb_offline_run_directory_is_created(tmp_path, corpus, monkeypatch):

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,9 @@ class RunSummary(L.Callback):
                checkpoint the test pass loaded, or final), diverged,
                diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,
                spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale, tokens,
-               train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir
+               train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir,
+               started_at (UTC, ISO 8601: when the run's first segment began) and written_at (UTC, this write),
+               which date a run against the commits of its study (a pre-registration comes before the runs)
     A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
     in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
     Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
@@ -54,6 +57,7 @@ class RunSummary(L.Callback):
     def __init__(self, filename: str = "summary.json", config: dict | None = None):
         self.filename, self.config = filename, dict(config or {})
         self._t0 = time.time()
+        self._started_at = _utc_now()
         self._fit_seen = False
         self.val_history: list[tuple[int, float]] = []
         self.tokens, self.batch_shape = 0, None
@@ -76,13 +80,15 @@ class RunSummary(L.Callback):
         """What a resumed run needs to summarize the whole run (plain values for weights_only loading)."""
         return {"val_history": [list(v) for v in self.val_history], "tokens": self.tokens,
                 "batch_shape": list(self.batch_shape) if self.batch_shape else None,
-                "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0}
+                "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0,
+                "started_at": self._started_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
         self.tokens = state["tokens"]
         self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
         self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
+        self._started_at = state.get("started_at", self._started_at)  # older checkpoints lack it
 
     # timing and counting
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -219,9 +225,14 @@ class RunSummary(L.Callback):
             "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
+            "started_at": self._started_at, "written_at": _utc_now(),
             **provenance(),
         })
         return s
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _env_int(name: str) -> int | None:
