@@ -4,7 +4,7 @@ Results go to experiments/s9_scalenorm/seeds/.
 
     python train.py -m experiment=s9_scalenorm optimizer.lr=1e-2 scheduler.warmup_steps=40 \\
         seed=4,5,6,7,8,9,10,11,12,13,14,15 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
-        hydra.sweep.dir=logs/s9_scalenorm/multiruns/seeds                   # 24 runs, ~8 min on 2 cores
+        hydra.sweep.dir=logs/s9_scalenorm/multiruns/seeds                   # 24 runs, ~10 min on 2 cores
     python -m experiments.s9_scalenorm.seeds logs/s9_scalenorm/multiruns/seeds   # or no argument
 
 The cell: lr 1e-2 with warmup 40, the best lr of both norms in S9's grid (seeds 0-3, committed). The new seeds'
