@@ -330,6 +330,37 @@ def test_s9_seeds_rules():
     assert res["verdict"] == "unresolved" and not res["excludes_zero"]
 
 
+def test_s10_lns_why_rules():
+    """S10 round 3's pre-registered rules on made-up runs and measures; the deep input scale from a real model."""
+    from experiments.common.study import Runs
+    from experiments.s10_mixln import lns_why
+    from minillm.model import ModelConfig, Transformer
+
+    def runs(unscaled_gap, long_gap, lns_scale):
+        out = []
+        for tags, gap in (([], 0.16), (["unscaled"], unscaled_gap), (["long"], long_gap)):
+            for lns in (False, True):
+                for seed in (0, 1):
+                    drop = [0.02] * 12 + [0.01 if not lns else 0.01 * (0.8 if unscaled_gap < 0.05 else 0.1)] * 12
+                    scale = lns_scale if lns else 1.0
+                    out.append({"placement": "pre", "tags": tags + (["lns"] if lns else []), "seed": seed,
+                                "n_layers": 24, "final_val_loss": 2.2 + (gap if lns else 0.0), "diverged": False,
+                                "status": "completed", "loss_init": 4.5, "unigram_loss": 3.3, "curves": {},
+                                "measures": {"drop": drop, "deep_input_scale": scale}})
+        return Runs(out)
+
+    res, md = lns_why.analyze(runs(0.02, 0.05, 0.3))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"R1": "confirmed", "R2": "confirmed",
+                                                               "R3": "confirmed"}, md
+    res, _ = lns_why.analyze(runs(0.15, 0.15, 0.9))
+    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"R1": "not at this scale", "R2": "not at this scale",
+                                                               "R3": "not at this scale"}
+    cfg = dict(vocab_size=16, dim=8, n_layers=4, n_heads=2, max_seq_len=8)
+    plain, scaled = Transformer(ModelConfig(**cfg)), Transformer(ModelConfig(**cfg, layernorm_scaling=True))
+    assert lns_why.deep_input_scale(plain) == pytest.approx(1.0)  # gains start at 1
+    assert lns_why.deep_input_scale(scaled) == pytest.approx((3 ** -0.5 + 4 ** -0.5) / 2)  # blocks 3 and 4
+
+
 def test_s3_olmo2_rules():
     """S3 round 2's pre-registered rules on made-up runs: sensitivity on seed means and per seed, stable lr."""
     from experiments.common.study import Runs
