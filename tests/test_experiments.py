@@ -35,7 +35,7 @@ ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sen
             "experiments.s8_dyt.analyze": "s8_dyt", "experiments.s8_dyt.round2": "s8_dyt/round2",
             "experiments.s9_scalenorm.analyze": "s9_scalenorm",
             "experiments.s9_scalenorm.seeds": "s9_scalenorm/seeds", "experiments.s10_mixln.analyze": "s10_mixln",
-            "experiments.s10_mixln.lns": "s10_mixln/lns"}
+            "experiments.s10_mixln.lns": "s10_mixln/lns", "experiments.s10_mixln.lns_why": "s10_mixln/lns_why"}
 
 
 def modules() -> list[str]:
