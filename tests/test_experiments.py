@@ -19,7 +19,7 @@ import torch
 
 import experiments
 from experiments.common import reference
-from experiments.common.machine import machine
+from experiments.common.machine import machine, run_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
@@ -82,10 +82,10 @@ def _same_as_committed(folder: str, out: Path) -> None:
         assert _normalized(out / name, committed_machine) == (committed / name).read_text(), f"{folder}/{name}"
 
 
-def test_analysis_regenerates_the_committed_results(tmp_path, monkeypatch):
-    """The cheapest analysis run as `python -m experiments.s7_depth.warmup` (here in-process, as runpy runs -m)
-    from the committed runs: the same results.json and results.md."""
-    module = "experiments.s7_depth.warmup"
+@pytest.mark.parametrize("module", ["experiments.s7_depth.warmup", "experiments.s2_warmup.xavier"])
+def test_analysis_regenerates_the_committed_results(module, tmp_path, monkeypatch):
+    """Two cheap analyses run as `python -m <module>` (here in-process, as runpy runs -m) from the committed runs:
+    the same results.json and results.md (xavier goes through the shared CLI, study.analysis_main)."""
     monkeypatch.setattr(sys, "argv", [module, "--out", str(tmp_path)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "found in sys.modules": imported by another test
@@ -99,6 +99,13 @@ def test_every_analysis_regenerates_the_committed_results(module, tmp_path):
     subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=300,
                    capture_output=True)
     _same_as_committed(ANALYSES[module], tmp_path)
+
+
+def test_run_kernels_counts_what_the_runs_recorded():
+    runs = [{"cpu_capability": "AVX2", "torch_version": "2.13.0+cpu"}] * 2 + [
+        {"cpu_capability": "AVX512", "torch_version": "2.13.0+cpu"}, {}]
+    assert run_kernels(runs) == ("AVX2 kernels, torch 2.13.0+cpu: 2 runs; AVX512 kernels, torch 2.13.0+cpu: 1 runs; "
+                                 "unrecorded kernels, torch unrecorded: 1 runs")
 
 
 def test_machine_names_cpu_cores_and_torch():
