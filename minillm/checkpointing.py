@@ -52,6 +52,10 @@ def read_checkpoint_header(path: str | os.PathLike) -> dict:
     For a sharded (FSDP) checkpoint directory, its metadata file (no state_dict)."""
     sharded = Path(path).is_dir()
     file = Path(path) / "meta.pt" if sharded else Path(path)
+    if sharded and not file.is_file():
+        inside = sorted(Path(path).glob("**/*.ckpt"))[:3]
+        hint = f", e.g. {', '.join(map(str, inside))}" if inside else ""
+        raise CheckpointError(f"ckpt_path={str(path)!r} is a folder, not a checkpoint: give a .ckpt file{hint}")
     if not file.is_file():
         raise CheckpointError(f"ckpt_path={str(path)!r} does not exist")
     try:

@@ -26,9 +26,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
 from minillm.checkpointing import check_model_config, read_checkpoint_header
-from minillm.config import ConfigError
 from minillm.lit_module import LitLM
-from minillm.train import config_dir, config_errors
+from minillm.run.hydra import config_dir, config_errors, one_line
 
 
 def run_overrides(ckpt: Path) -> list[str]:
@@ -71,8 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint.*")
     try:
         metrics = evaluate(args.ckpt, args.overrides)
-    except ConfigError as err:
-        print(f"{err.what}: {err}", file=sys.stderr)
+    except Exception as err:  # a bad checkpoint, data or override: one line as the other tools print it
+        line = one_line(err)
+        if line is None:
+            raise
+        print(f"{parser.prog}: error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
     for key, value in sorted(metrics.items()):
         print(f"{key} {value:.6f}")

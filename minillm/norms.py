@@ -163,6 +163,7 @@ class BatchNorm(_AffineNorm):
 
     STATS = ("position", "pooled")
     uses_positions = True  # the model passes max_seq_len
+    normalizes_by_the_batch = True  # training mode uses the current batch's statistics (batch_statistics)
 
     def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
                  bias: bool = True, zero_centered: bool = False, momentum: float = 0.1,
@@ -473,6 +474,17 @@ def norm_options(name: str) -> list[str]:
     """The keyword options a norm accepts besides dim and eps."""
     params = inspect.signature(NORMS[name].__init__).parameters
     return [p for p in params if p not in ("self", "dim", "eps")]
+
+
+def batch_statistics(name: str, options: dict) -> bool:
+    """The norm ``name`` with these options normalizes each position by the current batch's statistics over
+    the batch alone (BatchNorm, stats="position"): a batch of one gives it a variance of 0. (PowerNorm divides
+    by running statistics in training too.)"""
+    cls = NORMS.get(name)
+    if cls is None or not getattr(cls, "normalizes_by_the_batch", False):
+        return False
+    default = inspect.signature(cls.__init__).parameters["stats"].default
+    return options.get("stats", default) == "position"
 
 
 def build_norm(name: str, dim: int, eps: float = 1e-5, **options) -> nn.Module:

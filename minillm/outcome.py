@@ -4,8 +4,11 @@ summarize, the report, and every study's analysis (DESIGN rule 11).
 The outcome (EXPERIMENTS.md, "Shared definitions"):
 
     diverged  the divergence guard stopped the run (non-finite loss or weights, loss above its ceiling), or
-              the final val loss is not finite, or it is >= ln V, the loss of a uniform prediction
-    failed    diverged, crashed, never validated, or a final val loss >= the unigram loss of the same
+              the final val loss is not finite, or it is >= ln V (the loss of a uniform prediction) after an
+              earlier validation was below ln V: the loss blew up, or came back up
+    not trained  not diverged, and the final val loss is still >= ln V with no validation ever below it:
+              the run learned nothing (too few steps for a smoke test, or an lr at which it never started)
+    failed    diverged, not trained, crashed, never validated, or a final val loss >= the unigram loss of the same
               evaluated windows (the train split's token frequencies scored on exactly the tokens val loss
               averages over) minus a margin; a run stopped by a signal and not resumed has no outcome yet
     stalled   not diverged, and a final val loss >= unigram loss - margin (a study fixes its margin first)
@@ -63,13 +66,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def is_diverged(guard_tripped: bool, final_val: float | None, loss_init: float | None) -> bool:
-    """The guard stopped the run, or a final val loss that is not finite, or >= ln V."""
+def is_diverged(guard_tripped: bool, final_val: float | None, loss_init: float | None,
+                best_val: float | None = None) -> bool:
+    """The guard stopped the run, or a final val loss that is not finite, or one >= ln V after a validation
+    (``best_val``, the lowest) below ln V."""
     if guard_tripped:
         return True
     if final_val is None:
         return False  # never validated: failed, not diverged
-    return not _finite(final_val) or (loss_init is not None and final_val >= loss_init)
+    if not _finite(final_val):
+        return True
+    return loss_init is not None and final_val >= loss_init and _finite(best_val) and best_val < loss_init
+
+
+def is_not_trained(diverged: bool, final_val: float | None, loss_init: float | None) -> bool:
+    """Not diverged, and a final val loss still >= ln V (no validation was ever below it)."""
+    return not diverged and _finite(final_val) and loss_init is not None and final_val >= loss_init
 
 
 def is_failed(status: str, diverged: bool, final_val: float | None, unigram: float | None,

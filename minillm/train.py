@@ -8,12 +8,14 @@ then evaluate on the held-out split. ``python train.py`` (the checkout) and ``mi
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import os
 import signal
 import sys
 import warnings
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +23,13 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.multiprocessing import ProcessExitedException
 
 from minillm import rundir
-from minillm.checkpointing import check_resume, find_resume_checkpoint
+from minillm.checkpointing import check_resume, find_resume_checkpoint, read_checkpoint_header
 from minillm.config import (
     ConfigError,
     check_bool,
@@ -41,7 +41,9 @@ from minillm.config import (
 )
 from minillm.lit_module import lr_lambda, schedule_settings
 from minillm.model import PLACEMENTS, ModelConfig
-from minillm.norms import norm_options
+from minillm.norms import batch_statistics, norm_options
+from minillm.run.folder import RunFolderLock, discard_start
+from minillm.run.hydra import config_dir, config_errors, one_line
 from minillm.version import provenance
 
 log = logging.getLogger("minillm")
@@ -54,34 +56,13 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 rundir.register_resolvers()
 
 
-@contextmanager
-def config_errors():
-    """Report what the components' own checks raise while being built (inside Hydra's instantiate too) as
-    ConfigError; Lightning's own validation (MisconfigurationException) and a misspelt keyword count too."""
-    try:
-        yield
-    except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        if isinstance(cause, MisconfigurationException):
-            raise ConfigError(str(cause)) from cause
-        if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
-            raise ConfigError(" ".join(str(err).split())) from cause
-        if "Error locating target" in str(err):  # a _target_ that does not import
-            raise ConfigError(str(err).splitlines()[0]) from err
-        raise
-    except MisconfigurationException as err:
-        raise ConfigError(str(err)) from err
-
-
 # --- checks of what no component owns ----------------------------------------------------------------------
 
 
 def check_config(cfg: DictConfig) -> None:
     """Top-level keys, the trainer, the optimizer and the schedule, and the rules across groups."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    check_int("seed", c.get("seed"))
+    check_int("seed", c.get("seed"), low=0, high=2**32 - 1)  # numpy's seed range
     check_name("name", c.get("name"))
     check_name("run_id", c.get("run_id"), optional=True)
     for key in ("train", "test"):
@@ -148,6 +129,27 @@ def check_across(c: dict) -> None:
                           f"{max_steps} (a run must validate at least once)")
     if c.get("ckpt_path") == "auto" and not c.get("train", True):
         raise ConfigError("ckpt_path=auto resumes training; with train=false give the checkpoint's path")
+    if not c.get("train", True) and not c.get("ckpt_path"):
+        raise ConfigError("train=false evaluates a checkpoint: give ckpt_path=<run>/checkpoints/<file>.ckpt "
+                          "(without it the weights would be random)")
+    batch = data.get("batch_size")
+    names = {model.get("norm"), *((s or {}).get("norm") for s in model.get("layers") or [])}
+    options = model.get("norm_options") or {}
+    for name in sorted(n for n in names if isinstance(n, str) and batch_statistics(n, options)):
+        if batch == 1 and not (options.get("sync") and trainer.get("devices") not in (1, None)):
+            raise ConfigError(f"data.batch_size=1 is invalid for norm={name} with per-position batch statistics: "
+                              "the variance over a batch of one is 0, so the norm outputs only its bias and the "
+                              "model learns nothing; allowed: data.batch_size >= 2, or "
+                              "model.norm_options.stats=pooled")
+
+
+def check_vocab_size(cfg: DictConfig, vocab_size: int) -> None:
+    """model.vocab_size, when given, must be the tokenizer's (which decides it)."""
+    given = cfg.model.get("vocab_size")
+    if given is not None and given != vocab_size:
+        raise ConfigError(f"model.vocab_size={given} is invalid; allowed: {vocab_size}, the vocabulary of "
+                          f"data.tokenizer={cfg.data.get('tokenizer')!r} on this corpus (leave model.vocab_size out: "
+                          "the tokenizer decides it)")
 
 
 def check_fused_norm(c: dict) -> None:
@@ -182,8 +184,13 @@ def warn_about_precision(cfg: DictConfig) -> None:
 
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
     """lightning.Trainer from cfg.trainer. A precision plugin replaces the precision flag (Lightning refuses
-    both), which then only names the run: trainer=cpu_fp16 keeps precision=16-mixed in names and summaries."""
-    overrides = {"precision": None} if precision_plugins(cfg) else {}
+    both), which then only names the run: trainer=cpu_fp16 keeps precision=16-mixed in names and summaries.
+    trainer.val_check_interval counts optimizer steps, as every step count in minillm does; Lightning's counts
+    batches, so with gradient accumulation it gets the interval times accumulate_grad_batches."""
+    overrides: dict[str, Any] = {"precision": None} if precision_plugins(cfg) else {}
+    interval, accumulate = cfg.trainer.get("val_check_interval"), cfg.trainer.get("accumulate_grad_batches", 1)
+    if isinstance(interval, int) and not isinstance(interval, bool) and accumulate > 1:
+        overrides["val_check_interval"] = interval * accumulate
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **overrides)
 
 
@@ -259,7 +266,7 @@ def run_settings(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     c = OmegaConf.to_container(cfg, resolve=True)
     module = {k: v for k, v in (c.get("module") or {}).items() if not k.startswith(("_", "compile"))}
     data = {k: v for k, v in (c.get("data") or {}).items() if k not in ("_target_", "_convert_", "num_workers",
-                                                                       "cache_dir")}
+                                                                       "cache_dir", "sample_prompt")}
     trainer = c.get("trainer") or {}
     return {"seed": c.get("seed"), "optimizer": c.get("optimizer"), "scheduler": schedule_settings(c.get("scheduler")),
             "module": module, "data": data, "world_size": world_size,
@@ -277,6 +284,8 @@ def resolve_resume(cfg: DictConfig) -> str | None:
         log.info(f"ckpt_path=auto: {'resuming from ' + str(found) if found else 'no checkpoint in '}"
                  f"{'' if found else str(out_dir / 'checkpoints') + ', starting fresh'}")
         ckpt = str(found) if found else None
+    elif ckpt is not None:
+        read_checkpoint_header(ckpt)  # a missing or unreadable file is refused before the data is prepared
     if ckpt is None and cfg.get("train", True) and (out_dir / "summary.json").exists():
         if auto:  # a run without checkpoints (trainer.enable_checkpointing=false), or one that crashed first
             raise ConfigError(f"ckpt_path=auto: the run directory {out_dir} holds a run (summary.json) but no "
@@ -284,6 +293,21 @@ def resolve_resume(cfg: DictConfig) -> str | None:
         raise ConfigError(f"the run directory {out_dir} already holds a run (summary.json); resume it with "
                           "ckpt_path=auto, or give this run another run_id or name")
     return ckpt
+
+
+EVALUATION_FILE = "evaluation.json"  # what RunSummary writes for train=false (summary.json is a training's record)
+
+
+def as_evaluation(cfg: DictConfig) -> None:
+    """train=false: the run records an evaluation (its summary file, a W&B run of job_type eval), so a sweep
+    report never counts it as a training run."""
+    with open_dict(cfg):
+        summary = (cfg.get("callbacks") or {}).get("summary")
+        if summary is not None:
+            summary.filename = EVALUATION_FILE
+        wandb = (cfg.get("logger") or {}).get("wandb")
+        if wandb is not None:
+            wandb.job_type = "eval"
 
 
 def resume_wandb(cfg: DictConfig, header: dict) -> None:
@@ -298,26 +322,52 @@ def resume_wandb(cfg: DictConfig, header: dict) -> None:
 # --- the run -----------------------------------------------------------------------------------------------
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Check the config; set up data, model, callbacks, loggers and trainer; fit; test on the held-out split."""
+@dataclass
+class Job:
+    """Everything a run needs, built and checked; nothing has trained and no logger has written yet."""
+
+    cfg: DictConfig
+    trainer: L.Trainer
+    module: L.LightningModule
+    datamodule: Any
+    ckpt_path: str | None
+
+
+def check_model_early(cfg: DictConfig) -> None:
+    """The model config's own checks before the data is prepared (a BPE may train for minutes first); the
+    vocabulary comes from the tokenizer, so model.vocab_size may only be given when it agrees (checked later)."""
+    given = cfg.model.get("vocab_size")
+    if given is not None:
+        check_int("model.vocab_size", given, low=1)
+    model_config(cfg, vocab_size=given or 256)
+
+
+def prepare(cfg: DictConfig) -> Job:
+    """Check the config, resolve resume, set up data, model, callbacks, loggers and trainer. A ConfigError
+    raised here means nothing ran: the start is refused and what it wrote is removed (see main)."""
     with config_errors():
         check_config(cfg)
+        check_model_early(cfg)
         warn_about_precision(cfg)
         set_threads(cfg)
         group_sweeps(cfg)
         ckpt_path = resolve_resume(cfg)
+        if not cfg.get("train", True):
+            as_evaluation(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
+        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
         datamodule.prepare_data()
         datamodule.setup("fit")
+        check_vocab_size(cfg, datamodule.vocab_size)
         model_cfg = model_config(cfg, datamodule.vocab_size)
         if cfg.trainer.get("sync_batchnorm") and "sync" in norm_options(model_cfg.norm):
             model_cfg.norm_options["sync"] = True  # Lightning's switch converts only torch's BatchNorm
         header = check_resume(ckpt_path, model_cfg.to_dict()) if ckpt_path else {}  # before building anything
         if header:
-            resume_wandb(cfg, header)
             datamodule.load_state_dict(header.get(type(datamodule).__qualname__) or {})  # same tokenizer
-        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+        if header and cfg.get("train", True):
+            resume_wandb(cfg, header)
         loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c and "_target_" in c]
         trainer = build_trainer(cfg, callbacks, loggers)
         settings = run_settings(cfg, trainer.world_size)
@@ -329,14 +379,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
         scheduler = instantiate(cfg.scheduler) if cfg.get("scheduler") else None
         module = instantiate(cfg.module, _partial_=True)(
             model=model_cfg, optimizer=instantiate(cfg.optimizer), scheduler=scheduler, run_settings=settings)
+    return Job(cfg, trainer, module, datamodule, ckpt_path)
 
+
+def run(job: Job) -> dict[str, float]:
+    """Fit, then test on the held-out split."""
+    cfg, trainer, module, datamodule, ckpt_path = job.cfg, job.trainer, job.module, job.datamodule, job.ckpt_path
     n_params = module.model.num_params()
-    log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={model_cfg.norm}, placement={model_cfg.placement}; "
-             f"run directory {cfg.paths.output_dir}")
+    log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={module.model.cfg.norm}, "
+             f"placement={module.model.cfg.placement}; run directory {cfg.paths.output_dir}")
     hparams = {**OmegaConf.to_container(cfg, resolve=True), "n_params": n_params, **provenance()}
     for logger in trainer.loggers:
         logger.log_hyperparams(hparams)
-
     try:
         if cfg.get("train", True):
             fit(trainer, module, datamodule, ckpt_path)
@@ -348,6 +402,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         for logger in trainer.loggers:  # the W&B run ends with its summary written (also for the next sweep job)
             if hasattr(logger, "finish"):
                 logger.finish()
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Check the config; set up data, model, callbacks, loggers and trainer; fit; test on the held-out split."""
+    return run(prepare(cfg))
 
 
 STOP_CODES = {128 + s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}  # see PreemptionCheckpoint
@@ -391,19 +450,77 @@ def route_library_logs() -> None:
     logging.captureWarnings(True)
 
 
-def config_dir() -> str:
-    """configs/ of the checkout (or of an editable install), else the copy a wheel ships in the package."""
-    packaged = Path(__file__).parent / "configs"
-    return str(packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "configs")
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def disk_error(err: BaseException) -> str | None:
+    """``disk error: ...`` for a file the run cannot write (a full disk, a read-only or forbidden folder, a path
+    that is a file), None for anything else."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in DISK_ERRORS:
+            where = f" {err.filename}" if err.filename else ""
+            return (f"disk error: cannot write{where} ({os.strerror(err.errno)}); free space or choose a writable "
+                    "folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def refuse(cfg: DictConfig, line: str, lock: RunFolderLock) -> None:
+    """A start that cannot go on: one line, exit 2, and nothing left of it (a fresh run folder goes; in a
+    folder that holds a run, only this start's Hydra files; in a folder another run holds, nothing of its)."""
+    log.error(line)
+    out_dir = Path(cfg.paths.output_dir)
+    subdir = rundir.hydra_subdir(str(out_dir))
+    if lock.held or subdir != ".hydra":
+        discard_start(out_dir, subdir, fresh=lock.held and subdir == ".hydra", log_dir=cfg.paths.log_dir)
+    sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
+    """One run (or one job of a sweep) in its folder, which it holds locked from start to end."""
     route_library_logs()
-    try:
-        metrics = train(cfg)
-    except ConfigError as err:
-        log.error(f"{err.what}: {err}")
-        log.debug("where it was raised (hydra.verbose=minillm shows this)", exc_info=err)
-        sys.exit(2)
+    with RunFolderLock(cfg.paths.output_dir) as lock:
+        try:
+            lock.acquire()
+            job = prepare(cfg)
+        except ConfigError as err:
+            log.debug("where it was raised (hydra.verbose=minillm shows this)", exc_info=err)
+            refuse(cfg, f"{err.what}: {err}", lock)
+        except OSError as err:
+            line = disk_error(err)
+            if line is None:
+                raise
+            refuse(cfg, line, lock)
+        try:
+            metrics = run(job)
+        except ConfigError as err:  # found while training, e.g. a token store corrupted on disk
+            log.error(f"{err.what}: {err}")
+            sys.exit(2)
+        except OSError as err:
+            line = disk_error(err)
+            if line is None:
+                raise
+            log.error(line)
+            sys.exit(2)
     return metrics.get(cfg.get("optimized_metric"))
+
+
+def main() -> float | None:
+    """``python train.py`` and ``minillm-train``: Hydra's run, with Hydra's own errors (an unknown option, a
+    misspelt key, an override it cannot parse, a folder it cannot make) as one line and exit code 2."""
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its report and exiting 1
+    try:
+        return hydra_main()
+    except Exception as err:
+        line = one_line(err) or disk_error(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous

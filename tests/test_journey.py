@@ -179,11 +179,14 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     (par_log,) = [log for command, log in logs.items() if "hydra/launcher=joblib" in command]
     assert "Joblib.Parallel" in par_log
     first = cwd / "logs" / "my_run" / "runs" / "first"
-    (summary,) = summaries(first)  # resumed and evaluated in its own folder: still one run
+    (summary,) = summaries(first)  # resumed in its own folder: still one run
     assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None
-    assert len(list((first / ".hydra").glob("resumed-*"))) == 2  # the first command's files are kept
+    assert summary["test_weights"] == "final"  # the evaluation of best.ckpt did not rewrite the training's record
+    assert len(list((first / ".hydra").glob("resumed-*"))) == 1  # the first command's files are kept
     wandb_runs = list((first / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 3 and len({p.name.rsplit("-", 1)[-1] for p in wandb_runs}) == 1  # one W&B run id
+    assert len(wandb_runs) == 2 and len({p.name.rsplit("-", 1)[-1] for p in wandb_runs}) == 1  # one W&B run id
+    (evaluation,) = (first / "evaluations").glob("*/evaluation.json")  # train=false: its own folder, beside
+    assert json.loads(evaluation.read_text())["test_weights"].endswith("best.ckpt")
 
 
 def test_readme_usage_commands_run_as_written(tmp_path, shared_cache):

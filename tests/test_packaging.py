@@ -62,7 +62,8 @@ def test_every_package_is_listed_for_the_wheel():
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minillm").rglob("__init__.py")}
-    assert found | {"minillm.configs"} == listed
+    groups = {".".join(("minillm", *d.relative_to(ROOT).parts)) for d in (ROOT / "configs").rglob("*") if d.is_dir()}
+    assert found | {"minillm.configs"} | groups == listed
 
 
 def test_one_version_source():

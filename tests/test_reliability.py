@@ -34,6 +34,7 @@ from minillm.checkpointing import (
     model_config_diff,
     read_checkpoint_header,
 )
+from minillm.config import ConfigError
 from minillm.data import TextDataModule
 from minillm.lit_module import LitLM
 from minillm.loggers import SafeWandbLogger
@@ -278,22 +279,26 @@ def test_ckpt_path_auto_takes_the_newest_valid_checkpoint(tmp_path):
 
 
 def test_train_false_evaluates_the_checkpoints_weights(tmp_path, corpus):
-    """train=false ckpt_path=<ckpt>: the held-out loss of those weights (the run's own test loss for the final
-    checkpoint), not of freshly initialized ones; test_weights=best evaluates best.ckpt after a fit."""
+    """train=false ckpt_path=<ckpt>: the held-out loss of those weights, recorded in evaluation.json; the
+    training's summary.json stays as the training wrote it; test_weights=best evaluates best.ckpt after a fit.
+    (Through train.py the evaluation goes to <run>/evaluations/<id>/: tests/test_journey.py.)"""
     cfg = compose_cfg(tmp_path / "run", corpus, "trainer.max_steps=6", "trainer.val_check_interval=3",
                       "test=true", "test_weights=best")
     fitted = train_script.train(cfg)
     folder = Path(cfg.paths.output_dir)
+    record = (folder / "summary.json").read_text()
+    assert json.loads(record)["test_weights"].endswith("best.ckpt")
     best = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
                                           f"ckpt_path={folder / 'checkpoints' / 'best.ckpt'}"))
     assert best["test/loss"] == fitted["test/loss"]  # test_weights=best evaluated best.ckpt
-    assert json.loads((folder / "summary.json").read_text())["test_weights"].endswith("best.ckpt")
     last = train_script.train(compose_cfg(tmp_path / "run", corpus, "train=false",
                                           f"ckpt_path={folder / 'checkpoints' / 'last.ckpt'}"))
-    fresh = train_script.train(compose_cfg(tmp_path / "fresh", corpus, "train=false"))
-    assert last["test/loss"] < fresh["test/loss"] - 0.05  # trained weights, not the initialization
-    summary = json.loads((folder / "summary.json").read_text())  # the last evaluation, and of which weights
-    assert summary["test_loss"] == pytest.approx(last["test/loss"]) and summary["test_weights"].endswith("last.ckpt")
+    evaluation = json.loads((folder / "evaluation.json").read_text())  # the last evaluation, and of which weights
+    assert evaluation["test_loss"] == pytest.approx(last["test/loss"])
+    assert evaluation["test_weights"].endswith("last.ckpt")
+    assert (folder / "summary.json").read_text() == record  # the training's record is untouched
+    with pytest.raises(ConfigError, match=r"^train=false evaluates a checkpoint: give ckpt_path="):
+        train_script.train(compose_cfg(tmp_path / "fresh", corpus, "train=false"))  # random weights: refused
 
 
 def test_batchnorm_bf16_mixed_resume_is_exact(tmp_path, corpus):

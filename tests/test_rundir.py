@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from minillm import rundir
+from minillm.config import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +46,48 @@ def test_torchrun_without_a_rendezvous_id_gets_a_local_id(monkeypatch):
 
 
 def test_run_folder_from_run_id_or_from_the_checkpoint_being_resumed(tmp_path):
-    assert rundir.run_dir("logs/x/runs", "try1", None) == "logs/x/runs/try1"
-    assert rundir.run_dir("logs/x/runs", None, "auto").startswith("logs/x/runs/")
+    assert rundir.run_dir("logs", "x", "try1", None) == "logs/x/runs/try1"
+    assert rundir.run_dir("logs", "x", "try1", "auto") == "logs/x/runs/try1"
     ckpt = tmp_path / "logs" / "x" / "runs" / "old" / "checkpoints" / "last.ckpt"
-    assert rundir.run_dir("logs/x/runs", None, str(ckpt)) == str(ckpt.parent.parent)  # continue in its folder
+    assert rundir.run_dir("logs", "x", None, str(ckpt)) == str(ckpt.parent.parent)  # continue in its folder
+    evaluation = rundir.run_dir("logs", "x", "e1", str(ckpt), False)  # train=false: beside the training's record
+    assert evaluation == str(ckpt.parent.parent / "evaluations" / "e1")
     elsewhere = tmp_path / "weights.ckpt"
-    assert rundir.run_dir("logs/x/runs", "try2", str(elsewhere)) == "logs/x/runs/try2"
+    assert rundir.run_dir("logs", "x", "try2", str(elsewhere)) == "logs/x/runs/try2"
+
+
+def test_ckpt_path_auto_without_a_run_id_is_refused_naming_the_runs_it_could_mean(tmp_path, monkeypatch):
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "x" / "runs" / "r1" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "x" / "runs" / "r1" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (tmp_path / "x" / "runs" / "r2").mkdir()  # no checkpoint: not named
+    with pytest.raises(ConfigError, match=r"^ckpt_path=auto needs the run to resume: add run_id=<id> .*"
+                                          r"runs with a checkpoint: run_id=r1$"):
+        rundir.run_dir(str(tmp_path), "x", None, "auto")
+    with pytest.raises(ConfigError, match="ckpt_path=auto in a sweep needs run_id"):
+        rundir.sweep_dir(str(tmp_path), "x", None, "auto", "hydra._internal.core_plugins.basic_launcher.BasicLauncher")
+    submitit = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert rundir.sweep_dir(str(tmp_path), "x", None, "auto", submitit).startswith(f"{tmp_path}/x/multiruns/")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # a requeued SLURM job gets its id again
+    rundir.new_run_id.cache_clear()
+    try:
+        assert rundir.run_dir(str(tmp_path), "x", None, "auto") == f"{tmp_path}/x/runs/slurm-77"
+    finally:
+        rundir.new_run_id.cache_clear()
+
+
+@pytest.mark.parametrize("name, run_id", [("../x", None), ("a/b", None), ("ok", "../up"), ("", None)])
+def test_names_that_would_leave_the_log_folder_are_refused_before_any_folder_exists(name, run_id):
+    with pytest.raises(ConfigError, match=r"is invalid; allowed: a folder name"):
+        rundir.run_dir("logs", name, run_id, None)
+    with pytest.raises(ConfigError, match=r"is invalid; allowed: a folder name"):
+        rundir.sweep_dir("logs", name, run_id, None)
+
+
+def test_min_resolver_passes_a_value_that_is_not_a_number_through_to_its_check():
+    assert rundir.minimum(400, 1600) == 400 and rundir.minimum(400, 7) == 7
+    assert rundir.minimum(400, "ten") == "ten"  # then trainer.max_steps='ten' is named by its own check
 
 
 def test_a_resumed_run_keeps_the_first_commands_hydra_files(tmp_path):
@@ -73,4 +110,4 @@ def test_slurm_needs_a_gpu_count():
 
 def test_hydra_config_uses_the_resolvers_and_no_runtime_cwd():
     text = (Path(__file__).parents[1] / "configs" / "hydra" / "default.yaml").read_text()
-    assert "${hydra:runtime.cwd}" not in text and "minillm.run_dir" in text and "minillm.run_id" in text
+    assert "${hydra:runtime.cwd}" not in text and "minillm.run_dir" in text and "minillm.sweep_dir" in text

@@ -6,20 +6,41 @@ from functools import partial
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
-from minillm.callbacks.common import last_step
+from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.probe import NORM_TYPES
 from minillm.callbacks.stability import _eager
 from minillm.config import check_int
 
+BINS = 64
 
-class NormHistograms(L.Callback):
+
+def histogram(values: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """(counts, bin edges) of the finite values, in float64; None when there is none. Constant values (a gain
+    that has not moved yet) or values a float32 step apart get one bin of width 1e-6 around them instead of
+    numpy's refusal; non-finite values (a diverged run) are left out."""
+    data = values.detach().double().flatten().cpu().numpy()
+    data = data[np.isfinite(data)]
+    if data.size == 0:
+        return None
+    low, high = float(data.min()), float(data.max())
+    if high - low < 1e-6 * max(1.0, abs(low), abs(high)):
+        half = 5e-7 * max(1.0, abs(low))
+        counts, edges = np.histogram(data, bins=1, range=(low - half, high + half))
+    else:
+        counts, edges = np.histogram(data, bins=BINS, range=(low, high))
+    return counts, edges
+
+
+class NormHistograms(Observer):
     """Every ``every_n_steps`` steps, per norm site: a histogram of the effective gain and one of a sample of
     the inputs (``max_values`` values of the step's first micro-batch). W&B only: without a W&B logger it does
-    nothing (the CSV log has the sites' summary statistics, ``norm/<site>/...``)."""
+    nothing (the CSV log has the sites' summary statistics, ``norm/<site>/...``). Non-finite values are left
+    out of a histogram; a site whose values are all non-finite logs none."""
 
     def __init__(self, every_n_steps: int = 200, max_values: int = 4096):
         check_int("callbacks.histograms.every_n_steps", every_n_steps, low=1)
@@ -49,23 +70,29 @@ class NormHistograms(L.Callback):
         if name not in self._inputs:  # the first micro-batch's
             self._inputs[name] = args[0].detach().flatten()[: self.max_values].float().cpu()
 
+    def release(self, pl_module: L.LightningModule | None) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if pl_module is not None:
+            _eager(pl_module, False)  # a compiled model runs compiled again
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not self._handles or (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        _eager(pl_module, False)  # a compiled model runs compiled again
+        self.release(pl_module)
         import wandb
 
         model = getattr(pl_module, "model", pl_module)
         logged: dict[str, Any] = {}
         for name, module in model.named_modules():
-            if name in self._inputs:
-                logged[f"hist/{name}/input"] = wandb.Histogram(self._inputs[name].numpy())
-                gain = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
-                if gain is not None:
-                    logged[f"hist/{name}/gain"] = wandb.Histogram(gain.detach().float().cpu().numpy())
+            if name not in self._inputs:
+                continue
+            gain = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
+            for kind, values in (("input", self._inputs[name]), ("gain", gain)):
+                hist = histogram(values) if values is not None else None
+                if hist is not None:
+                    logged[f"hist/{name}/{kind}"] = wandb.Histogram(np_histogram=hist)
         self._inputs.clear()
         self._wandb(trainer).experiment.log({**logged, "trainer/global_step": last_step(trainer)})

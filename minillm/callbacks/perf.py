@@ -18,6 +18,7 @@ estimate, the fallback and a cross-check.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import lightning as L
@@ -26,16 +27,24 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops, measure_flops
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from minillm.callbacks.common import Observer
 from minillm.config import check_bool, check_number
 from minillm.model import ModelConfig, Transformer
 from minillm.outcome import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TOKENS_PER_S_DEVICE
 
 
+def meta_model(cfg: ModelConfig) -> Transformer:
+    """The model on the meta device, for counting: its construction warnings were already given by the real
+    model's (e.g. batchnorm stats='pooled')."""
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Transformer(cfg)
+
+
 def analytic_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token: 6 N (N: parameters of the matmuls, LM head included, embedding not) +
     12 L C T for attention (QK^T and AV over all T keys, as PaLM's MFU and FlopCounterMode count it)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
+    model = meta_model(cfg)
     n_matmul = sum(p.numel() for n, p in model.named_parameters()
                    if p.ndim == 2 and not n.startswith("tok_emb"))
     return 6 * n_matmul + 12 * cfg.n_layers * cfg.dim * seq_len
@@ -43,8 +52,8 @@ def analytic_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 def measured_flops_per_batch(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
     """Forward + backward FLOPs of one (batch_size, seq_len) batch, counted on the meta device."""
+    model = meta_model(cfg)
     with torch.device("meta"):
-        model = Transformer(cfg)
         x = torch.zeros(batch_size, seq_len, dtype=torch.long)
     loss = lambda logits: F.cross_entropy(logits.flatten(0, 1), x.flatten())
     return measure_flops(model, lambda: model(x), loss)
@@ -58,7 +67,7 @@ def _compute_dtype(precision: str) -> torch.dtype:
     return torch.float64 if precision.startswith("64") else torch.float32
 
 
-class PerfMonitor(L.Callback):
+class PerfMonitor(Observer):
     """Logs the ``perf/*`` metrics of this module's docstring every ``trainer.log_every_n_steps`` steps.
 
     Per step it only reads a clock twice; on logging steps it synchronizes CUDA once (so the time includes

@@ -151,8 +151,9 @@ class PreemptionCheckpoint(L.Callback):
         signum = self.signum or signal.SIGTERM
         if trainer.is_global_zero:
             log.warning(f"{signal.Signals(signum).name}: stopped at step {trainer.global_step} and saved "
-                        f"{self.ckpt_path}; resume with the same command plus ckpt_path=auto (or "
-                        f"ckpt_path={self.ckpt_path})")
+                        f"{self.ckpt_path}; resume this run with the same command plus ckpt_path={self.ckpt_path} "
+                        "(it continues in its own folder; with run_id=<this folder's name> in the command, "
+                        "ckpt_path=auto does the same)")
         exception.code = 128 + int(signum)  # the exit status of a process ended by this signal
         handler = previous.get(signum)
         if signum == signal.SIGUSR2 and callable(handler):

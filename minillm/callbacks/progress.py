@@ -20,7 +20,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
-from minillm.callbacks.common import train_loss
+from minillm.callbacks.common import Observer, train_loss
 from minillm.config import check_choice, check_number
 from minillm.outcome import TRAIN_LOSS
 
@@ -46,14 +46,58 @@ def log_validation(trainer: L.Trainer) -> None:
         log.info(f"validation after step {trainer.global_step}: {shown}")
 
 
-class RichBar(RichProgressBar):
-    """Lightning's rich progress bar; with max_epochs=-1 (training by steps) the label is "Epoch N", not
-    "Epoch N/-2". The bar's total is already the steps left to max_steps."""
+class _Current:
+    """Writes to whatever ``sys.<name>`` is at that moment: while rich's live display runs, that is its proxy,
+    which prints above the bar (a handler that kept the original stream would print into the bar's line)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
+def follow_console(logger: logging.Logger | None = None) -> None:
+    """Point the logger's console handlers (the root logger's: Hydra's, hence minillm's and Lightning's lines)
+    at the current sys.stdout / sys.stderr instead of the stream they were made with."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if type(handler) is logging.StreamHandler:
+            for name in ("stdout", "stderr"):
+                if handler.stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
+                    handler.setStream(_Current(name))
+
+
+class RichBar(RichProgressBar, Observer):
+    """Lightning's rich progress bar, for runs that train by steps: the label is "Epoch N", not "Epoch N/-2",
+    and the bar counts the optimizer steps of the whole run, ``global_step / max_steps`` (Lightning's counts
+    this epoch's batches against the steps left, which reads 940/61 after a resume mid-epoch and mixes
+    micro-batches with steps under gradient accumulation). Log lines print above the bar."""
+
+    def _by_steps(self) -> bool:
+        trainer = self.trainer
+        return trainer.max_epochs is not None and trainer.max_epochs < 0 and (trainer.max_steps or 0) > 0
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self.trainer.max_steps if self._by_steps() else super().total_train_batches
 
     def _get_train_description(self, current_epoch: int) -> str:
         if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
             return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
         return super()._get_train_description(current_epoch)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        follow_console()
+        super().on_train_start(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._by_steps() and self.progress is not None and self.train_progress_bar_id is not None:
+            self.progress.update(self.train_progress_bar_id, completed=trainer.global_step)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -64,7 +108,7 @@ def _clock(seconds: float) -> str:
     return str(timedelta(seconds=round(max(seconds, 0.0))))
 
 
-class LogProgress(ProgressBar):
+class LogProgress(ProgressBar, Observer):
     """Plain progress lines for logs that are not a terminal (it also stands in for Lightning's own bar)."""
 
     def __init__(self, interval_s: float = 30.0):

@@ -11,22 +11,24 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from minillm.callbacks.common import last_step
+from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.divergence import params_finite
 from minillm.config import check_bool, check_int, check_number, invalid
 
 log = logging.getLogger("minillm")
 
 
-class TextSample(L.Callback):
+class TextSample(Observer):
     """Generate text from ``prompt`` after each validation (``every_validation``) and when training ends: logged
     (console and train.log), appended to samples.txt, and in W&B a ``samples`` table with a row per sample.
+    ``prompt=None`` takes the corpus's own (``data.sample_prompt``: "ROMEO:" for Shakespeare; else the held-out
+    split's first line), so a user's own data never gets a prompt from outside its vocabulary.
     The sampling has its own generator (``seed``) and runs in eval mode: training is not changed by it."""
 
-    def __init__(self, prompt: str = "\n", max_new_tokens: int = 300, temperature: float = 0.8,
+    def __init__(self, prompt: str | None = None, max_new_tokens: int = 300, temperature: float = 0.8,
                  top_k: int | None = None, seed: int = 0, every_validation: bool = True):
-        if not isinstance(prompt, str):
-            raise invalid("callbacks.text_sample.prompt", prompt, "a string")
+        if prompt is not None and not isinstance(prompt, str):
+            raise invalid("callbacks.text_sample.prompt", prompt, "a string or null")
         check_int("callbacks.text_sample.max_new_tokens", max_new_tokens, low=0)
         check_number("callbacks.text_sample.temperature", temperature, low=0.0)  # 0: greedy
         check_int("callbacks.text_sample.top_k", top_k, low=1, optional=True)
@@ -43,23 +45,24 @@ class TextSample(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.rows = [list(r) for r in state.get("rows", [])]
 
-    def prompt_ids(self, tokenizer) -> list[int]:
+    def prompt_ids(self, tokenizer, prompt: str | None = None) -> list[int]:
         """The prompt's token ids; characters the tokenizer does not know are dropped with a warning."""
+        prompt = self.prompt if prompt is None else prompt
         try:
-            return [int(i) for i in tokenizer.encode(self.prompt)]
+            return [int(i) for i in tokenizer.encode(prompt)]
         except ValueError:
             ids = []
-            for ch in self.prompt:
+            for ch in prompt:
                 try:
                     ids += [int(i) for i in tokenizer.encode(ch)]
                 except ValueError:
                     pass
-            rank_zero_warn(f"text_sample: prompt {self.prompt!r} has characters outside the vocabulary; "
+            rank_zero_warn(f"text_sample: prompt {prompt!r} has characters outside the vocabulary; "
                            f"sampling from the known ones ({len(ids)} tokens)")
             return ids or [0]
 
-    def sample(self, pl_module: L.LightningModule, tokenizer) -> str:
-        ids = torch.tensor([self.prompt_ids(tokenizer)], dtype=torch.long, device=pl_module.device)
+    def sample(self, pl_module: L.LightningModule, tokenizer, prompt: str | None = None) -> str:
+        ids = torch.tensor([self.prompt_ids(tokenizer, prompt)], dtype=torch.long, device=pl_module.device)
         gen = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         was_training = pl_module.training
         pl_module.eval()
@@ -85,7 +88,8 @@ class TextSample(L.Callback):
             if trainer.is_global_zero:
                 log.info(f"no sample after {trainer.global_step} steps: non-finite weights")
             return
-        text = self.sample(pl_module, tokenizer)
+        prompt = self.prompt if self.prompt is not None else getattr(trainer.datamodule, "sample_prompt", "\n")
+        text = self.sample(pl_module, tokenizer, prompt)
         self.rows.append([trainer.global_step, text])
         if not trainer.is_global_zero:
             return

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from minillm import _compat
-from minillm.callbacks.common import finite_max, log_metrics, train_loss
+from minillm.callbacks.common import Observer, finite_max, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
 from minillm.config import check_bool, check_int, check_number
 from minillm.outcome import (
@@ -116,7 +116,7 @@ def spike_scores(losses: Iterable[float], **kwargs) -> tuple[list[float], list[b
 
 
 
-class StabilityMonitor(L.Callback):
+class StabilityMonitor(Observer):
     """Logs the stability metrics listed in this module's docstring.
 
     Cheap metrics (gradient norms, residual and norm-site statistics, log Z, update ratio) every
@@ -344,6 +344,12 @@ class StabilityMonitor(L.Callback):
                      exception: BaseException) -> None:
         if self.probe is not None:
             self.probe.detach()
+
+    def release(self, pl_module: L.LightningModule | None) -> None:
+        if self.probe is not None:
+            self.probe.detach()
+        if pl_module is not None:
+            _eager(pl_module, False)
 
 
 def _eager(pl_module: L.LightningModule, on: bool) -> None:

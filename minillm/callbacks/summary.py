@@ -17,10 +17,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.multiprocessing import ProcessExitedException
 
-from minillm.callbacks.common import find_callback, last_step
+from minillm.callbacks.common import Observer, find_callback, last_step
 from minillm.callbacks.divergence import DivergenceGuard
 from minillm.callbacks.stability import StabilityMonitor
-from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed
+from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed, is_not_trained
 from minillm.version import provenance
 
 
@@ -33,20 +33,22 @@ class RunSummary(L.Callback):
                weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
                from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
-      results  status (completed | diverged | failed | preempted: stopped by a signal, to be resumed; failed is
-               null then), error, steps, final_val_loss, best_val_loss, best_val_step, test_loss, test_weights (the
-               checkpoint the test pass loaded, or final), diverged,
-               diverged_step, diverged_reason, stopped_early, failed, max_grad_norm, nonfinite_grad_steps,
-               spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale, tokens,
-               train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation), run_dir,
+      results  status (completed | diverged | not_trained | failed | preempted: stopped by a signal, to be
+               resumed; failed is null then; minillm.outcome defines them), error, steps, final_val_loss,
+               best_val_loss, best_val_step, test_loss, test_weights (the checkpoint the test pass loaded, or
+               final), diverged, diverged_step, diverged_reason, stopped_early, failed, max_grad_norm,
+               nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale,
+               tokens, train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation),
+               run_dir, callback_errors (observing callbacks that failed, turned off: {class: "hook: error"}),
                started_at (UTC, ISO 8601: when the run's first segment began) and written_at (UTC, this write),
                which date a run against the commits of its study (a pre-registration comes before the runs)
     A resumed run (``ckpt_path``) continues the totals of the run it resumes: the three callbacks keep them
     in the checkpoint (state_dict), so the summary covers the whole run, not only its last segment.
     Steps: ``steps`` counts optimizer steps; ``diverged_step`` and ``best_val_step`` are 0-based step
     indices, as the ``step`` column of csv/metrics.csv (a validation after k steps is at index k - 1).
-    diverged and failed are minillm.outcome's rule (EXPERIMENTS.md): diverged = DivergenceGuard stopped the
-    run, or the final val loss is not finite or >= ln V; failed = diverged, crashed (status failed), never
+    diverged, not_trained and failed are minillm.outcome's rules: diverged = DivergenceGuard stopped the run,
+    or the final val loss is not finite, or >= ln V after a validation below ln V; not_trained = a final val
+    loss still >= ln V that never was below it; failed = diverged, not trained, crashed (status failed), never
     validated, or a final val loss >= unigram_loss.
     max_grad_norm and nonfinite_grad_steps cover every step; the other StabilityMonitor maxima its measured
     steps. ``config`` (from the YAML, e.g.
@@ -197,14 +199,20 @@ class RunSummary(L.Callback):
         final_val = self.val_history[-1][1] if self.val_history else None
         guard = find_callback(trainer, DivergenceGuard)
         tripped = bool(guard and guard.diverged)
-        diverged = is_diverged(tripped, final_val, loss_init)
+        diverged = is_diverged(tripped, final_val, loss_init, best[1])
         step, reason = (guard.step, guard.reason) if tripped else (None, None)
         if diverged and not tripped:
-            step, reason = last_step(trainer), f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
+            step, reason = last_step(trainer), (f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
+                                                f" after {best[1]:.4g} at step {best[0]}" if math.isfinite(final_val)
+                                                else f"final val loss {final_val}")
+        if status == "completed" and diverged:
+            status = "diverged"
+        elif status == "completed" and is_not_trained(diverged, final_val, loss_init):
+            status = "not_trained"
         monitor = find_callback(trainer, StabilityMonitor)
         train_time = self.train_time()
         s.update({
-            "status": "diverged" if diverged and status == "completed" else status,
+            "status": status,
             "error": error,
             "steps": trainer.global_step,
             "final_val_loss": final_val, "best_val_loss": best[1], "best_val_step": best[0],
@@ -225,6 +233,8 @@ class RunSummary(L.Callback):
             "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
+            "callback_errors": {type(c).__name__: c.failure for c in trainer.callbacks if isinstance(c, Observer)
+                                and c.failure} or None,
             "started_at": self._started_at, "written_at": _utc_now(),
             **provenance(),
         })

@@ -73,6 +73,7 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = "~/.cache/minillm",
         seed: int = 0,
         train_samples: int | None = None,
+        sample_prompt: str | None = None,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -116,6 +117,8 @@ class TextDataModule(L.LightningDataModule):
         if streaming and tokenizer == "char":
             raise ConfigError("data.tokenizer=char is invalid with data.streaming=true (its vocabulary needs the "
                               "whole corpus first); allowed: byte, bpe, a tokenizer.json or hf:<name>")
+        if sample_prompt is not None and not isinstance(sample_prompt, str):
+            raise ConfigError(f"data.sample_prompt={sample_prompt!r} is invalid; allowed: a string or null")
         if train_samples is not None and train_samples < batch_size:
             raise ConfigError(
                 f"data.train_samples={train_samples} is invalid; allowed: >= data.batch_size={batch_size}"
@@ -126,6 +129,7 @@ class TextDataModule(L.LightningDataModule):
         self.seq_len, self.batch_size, self.val_fraction = seq_len, batch_size, float(val_fraction)
         self.val_windows, self.num_workers, self.seed = val_windows, num_workers, seed
         self.cache_dir, self.train_samples = str(Path(cache_dir).expanduser()), train_samples
+        self._sample_prompt = sample_prompt
         corpus = CorpusSpec(source, tuple(files) if files else None, hub_name, hub_config, hub_split, hub_revision,
                             hub_val_split, text_column, streaming, "replace" if tokenizer == "byte" else "strict")
         self.spec = StoreSpec(corpus, tokenizer, vocab_size, self.val_fraction, max_tokens, bpe_train_bytes,
@@ -176,6 +180,15 @@ class TextDataModule(L.LightningDataModule):
                  "hit" if store.hit else "written", store.path)
         _check_same_tokenizer(from_checkpoint, self.tokenizer)
 
+    @property
+    def sample_prompt(self) -> str:
+        """Where generated samples start on this corpus: ``data.sample_prompt``, else the held-out split's
+        first line (at most 16 tokens), which any tokenizer of this corpus can encode."""
+        if self._sample_prompt is not None:
+            return self._sample_prompt
+        text = self.tokenizer.decode(self.val_tokens[:16].tolist())
+        return text.split("\n")[0] or text
+
     def prepare_data(self) -> None:
         self._load_tokens()  # prepares the token store once; other processes wait for it, then open it
 
@@ -200,6 +213,15 @@ class TextDataModule(L.LightningDataModule):
         n_val, t = len(self.val_tokens), self.seq_len
         self.val_set = FixedWindows(self.val_tokens, t, eval_starts(n_val, t, self.val_windows))
         self.test_set = FixedWindows(self.val_tokens, t, eval_starts(n_val, t))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Every id is in the vocabulary (an id outside it means the token store was changed on disk)."""
+        x, y = batch
+        if int(torch.maximum(x.max(), y.max())) >= self.vocab_size:
+            raise DataError(f"token cache {str(self.cache_path)!r} holds ids outside the vocabulary of "
+                            f"{self.vocab_size}: it was changed after it was written; delete that folder and run "
+                            "again (it is rebuilt from the corpus)")
+        return batch
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)

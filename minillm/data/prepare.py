@@ -15,8 +15,6 @@ import logging
 import sys
 import time
 
-from minillm.config import ConfigError
-
 
 def prepare(overrides: list[str]) -> dict:
     """Compose the configs as train.py does, build cfg.data and prepare its store; a summary of the store."""
@@ -24,7 +22,7 @@ def prepare(overrides: list[str]) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
 
-    from minillm.train import config_dir, config_errors
+    from minillm.run.hydra import config_dir, config_errors
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
@@ -41,15 +39,15 @@ def prepare(overrides: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from hydra.errors import HydraException
+    from minillm.run.hydra import one_line
 
     try:
         summary = prepare(sys.argv[1:] if argv is None else argv)
-    except ConfigError as err:
-        print(f"{err.what}: {err}", file=sys.stderr)
-        return 2
-    except HydraException as err:  # an override that names no config or key
-        print(f"config error: {' '.join(str(err).split())}", file=sys.stderr)
+    except Exception as err:  # a bad config or corpus, an override that names no config or key
+        line = one_line(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=1))
     return 0

@@ -5,7 +5,13 @@ A store is a folder ``<cache_dir>/<source>-<tokenizer>-<key>/``:
     train.bin, val.bin   the ids of each split back to back (little-endian uint8 / uint16 / uint32, meta "dtype")
     tokenizer.json       the Hugging Face tokenizer (bpe, tokenizer.json, hf:), for use outside minillm
     meta.json            written last, so its presence marks a complete store: sizes, dtype, the tokenizer's
-                         state_dict, what the corpus was (file sizes and mtimes, or hub name and revision)
+                         state_dict, what the corpus was (file sizes and mtimes, or hub name and revision), and
+                         a checksum of each token file
+
+A store is checked when it is opened: the token files must have the sizes meta.json gives, and, for stores of
+up to VERIFY_BYTES (a few hundred milliseconds of hashing), the checksums it records. Bytes changed in place in
+a larger store are caught when a batch holds an id outside the vocabulary (TextDataModule). Each failure is one
+DataError naming the folder to delete.
 
 The key hashes the corpus *metadata* (`corpus.fingerprint`), the tokenizer and the split settings, so a hit
 opens two memory maps without reading any text. A miss builds the store in a temp folder next to it and renames
@@ -63,6 +69,7 @@ CACHE_VERSION = 2  # bump when the store layout or tokenization changes
 ROWS_PER_BATCH = {False: 1000, True: 16}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
 SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
 COPY = 1 << 24  # tokens per chunk when moving the held-out tail
+VERIFY_BYTES = 256 << 20  # stores up to this size are checksummed at every open
 
 
 @dataclass(frozen=True)
@@ -125,12 +132,34 @@ def _memmap(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
 
 
+def checksum(path: Path) -> str:
+    """blake2b of a file, read in 16 MiB pieces."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while piece := f.read(16 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def _verify(path: Path, meta: dict[str, Any]) -> None:
+    """The token files' checksums are those meta.json recorded (small stores; older stores record none)."""
+    sums = meta.get("checksums") or {}
+    files = [path / name for name in sums]
+    if sum(f.stat().st_size for f in files) > VERIFY_BYTES:
+        return
+    for f in files:
+        if checksum(f) != sums[f.name]:
+            raise ValueError(f"{f.name} was changed after the store was written (its checksum differs from "
+                             "meta.json's)")
+
+
 def open_store(path: Path, hit: bool = True) -> TokenStore:
-    """Open a complete store: read meta.json and map the token files (no copy)."""
+    """Open a complete store: read meta.json, map the token files (no copy), check them (see above)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
         dtype = np.dtype(meta["dtype"])
         train, val = (_memmap(path / f"{s}.bin", dtype, int(meta[f"n_{s}"])) for s in ("train", "val"))
+        _verify(path, meta)
         tokenizer = tokenizer_from_state(meta["tokenizer"])
     except Exception as err:  # truncated token files, edited JSON, a half-deleted folder
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
@@ -139,12 +168,25 @@ def open_store(path: Path, hit: bool = True) -> TokenStore:
     return TokenStore(path, tokenizer, train, val, meta, hit)
 
 
+def check_writable(cache_dir: Path) -> None:
+    """The cache folder exists (or can be made) and takes new files; else one DataError naming data.cache_dir."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        probe = cache_dir / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        reason = "it is a file" if cache_dir.exists() and not cache_dir.is_dir() else os.strerror(err.errno or 0)
+        raise DataError(f"data.cache_dir={str(cache_dir)!r} cannot hold token stores ({reason}); set data.cache_dir "
+                        "(or MINILLM_CACHE) to a writable folder") from None
+
+
 def prepare_store(spec: StoreSpec, cache_dir: str | os.PathLike) -> TokenStore:
     """Open the store of `spec`, building it first if it does not exist; concurrent callers wait for one build."""
     path = store_path(spec, cache_dir)
     if is_complete(path):
         return open_store(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(path.parent)
     lock = FileLock(str(path.parent / f".{path.name}.lock"))  # flock: the OS releases it if this process dies
     try:
         lock.acquire(timeout=1)
@@ -189,7 +231,8 @@ def build_store(spec: StoreSpec, path: Path) -> None:
                 "n_val": n_val, "val": "split" if docs.val is not None else f"last {spec.val_fraction} of the stream",
                 "tokenizer": tok.state_dict(), "corpus": fingerprint(spec.corpus),
                 "settings": {k: v for k, v in asdict(spec).items() if k not in ("corpus", "num_proc")},
-                "num_proc": procs, "seconds": round(time.time() - start, 3)}
+                "num_proc": procs, "seconds": round(time.time() - start, 3),
+                "checksums": {f: checksum(tmp / f) for f in ("train.bin", "val.bin")}}
         del docs
         shutil.rmtree(work)
         if isinstance(tok, HFTokenizer):

@@ -1,0 +1,100 @@
+"""Hydra at the edges of a run: where configs/ is, and every error of composing a config as one line.
+
+Hydra reports its own errors (an unknown option of a group, a misspelt key, an override it cannot parse, a
+resolver that refused a value) in several lines with its search path, and exits 1. ``one_line`` turns each
+into the one-line form the rest of minillm uses (``<field>=<value> is invalid; allowed: ...``), which the
+entry points print with exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.errors import (
+    ConfigCompositionException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import OmegaConfBaseException
+
+from minillm import rundir
+from minillm.config import ConfigError
+
+
+def config_dir() -> str:
+    """configs/ of the checkout (or of an editable install), else the copy a wheel ships in the package. The
+    configs use minillm's resolvers (run folders, SLURM sizes), so asking for them registers those."""
+    rundir.register_resolvers()
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "configs"
+    return str(packaged if packaged.is_dir() else package.parent / "configs")
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Report what the components' own checks raise while being built (inside Hydra's instantiate too) as
+    ConfigError; Lightning's own validation (MisconfigurationException) and a misspelt keyword count too."""
+    try:
+        yield
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        if isinstance(cause, MisconfigurationException):
+            raise ConfigError(str(cause)) from cause
+        if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):
+            raise ConfigError(" ".join(str(err).split())) from cause
+        if "Error locating target" in str(err):  # a _target_ that does not import
+            raise ConfigError(str(err).splitlines()[0]) from err
+        raise
+    except MisconfigurationException as err:
+        raise ConfigError(str(err)) from err
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _config_error(err: BaseException) -> ConfigError | None:
+    """The ConfigError that caused err (a resolver or a component refused a value), if any."""
+    while err is not None:
+        if isinstance(err, ConfigError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def one_line(err: BaseException) -> str | None:
+    """``config error: ...`` for an error of composing the config, None for anything else (a bug)."""
+    refused = _config_error(err)
+    if refused is not None:
+        return f"{refused.what}: {refused}"
+    if isinstance(err, MissingConfigException) and err.options is not None and err.missing_cfg_file:
+        group, _, value = err.missing_cfg_file.rpartition("/")
+        options = sorted(err.options)
+        return (f"config error: {group}={value} is invalid; allowed: {', '.join(options)}"
+                f"{_suggest(value, options)}")
+    if isinstance(err, OverrideParseException):
+        return f"config error: an override cannot be parsed ({' '.join(str(err).split())}); write key=value"
+    if isinstance(err, ConfigCompositionException):
+        cause = err.__cause__
+        first = str(err).splitlines()[0]
+        if isinstance(cause, OmegaConfBaseException) and "not in struct" in str(cause) and "override" in first:
+            key = first.split("'")[1] if first.count("'") >= 2 else str(getattr(cause, "full_key", "?"))
+            parent = getattr(cause, "parent_node", None)
+            keys = parent.keys() if hasattr(parent, "keys") else []
+            options = sorted(str(k) for k in keys if not str(k).startswith("_"))
+            where, _, leaf = key.rpartition(".")
+            known = f"; {where or 'the top level'} has: {', '.join(options)}" if options else ""
+            return (f"config error: {key} is not a key of the config{known}{_suggest(leaf, options)}; to add a "
+                    f"new key write +{key}=...")
+        return f"config error: {' '.join(str(err).split())}"
+    if isinstance(err, OmegaConfBaseException):
+        return f"config error: {' '.join(str(err).split())}"
+    return None
