@@ -26,3 +26,9 @@ def corpus(tmp_path_factory, request) -> Path:
 
     n_chars = getattr(request.module, "CORPUS_CHARS", 30_000)
     return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny.txt", n_chars=n_chars)
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    """One token cache for the module's processes (the corpus is tokenized once, by the first command)."""
+    return tmp_path_factory.mktemp("token-cache")

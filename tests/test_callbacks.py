@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins import MixedPrecision
+from omegaconf import open_dict
 
 import minillm.train as train_script
 from minillm.callbacks import (
@@ -421,3 +423,109 @@ def test_progress_bar_labels_step_based_runs_without_a_negative_epoch_count():
     assert bar._get_train_description(0).strip() == "Epoch 0"
     bar._trainer = SimpleNamespace(max_epochs=3)
     assert bar._get_train_description(1).strip() == "Epoch 1/2"
+
+
+# --- what a user's run throws at the callbacks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [
+    torch.ones(64),  # a gain that has not moved yet
+    1.0 + torch.arange(64) * 1e-8,  # a gain moved by a tiny lr: a float32 step or two apart
+    torch.tensor([1.0, float("inf"), -float("inf"), float("nan"), 2.0]),  # a diverging run
+])
+def test_histograms_of_constant_or_non_finite_values(values):
+    import wandb
+
+    from minillm.callbacks.histograms import histogram
+
+    counts, edges = histogram(values)
+    finite = values[values.isfinite()]
+    assert counts.sum() == finite.numel() and edges[0] <= finite.min() <= finite.max() <= edges[-1]
+    assert wandb.Histogram(np_histogram=(counts, edges)).histogram == counts.tolist()
+
+
+def test_a_histogram_of_nothing_finite_is_none():
+    from minillm.callbacks.histograms import histogram
+
+    assert histogram(torch.tensor([float("nan"), float("inf")])) is None
+
+
+def test_validation_counts_optimizer_steps_under_gradient_accumulation(tmp_path, corpus):
+    """val_check_interval=4 with 3 micro-batches per step: validations after steps 4 and 8 (Lightning alone
+    counts batches and validates after steps 1, 2 and 4)."""
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=8", "trainer.val_check_interval=4",
+                      "trainer.accumulate_grad_batches=3", "test=false")
+    train_script.train(cfg)
+    rows = read_rows(cfg.paths.output_dir)
+    assert sorted(int(r["step"]) for r in rows if r.get("val/loss")) == [3, 7]  # step indices of steps 4 and 8
+
+
+def test_the_rich_bar_counts_the_steps_of_the_whole_run_after_a_resume(tmp_path, corpus):
+    """Resumed mid-epoch at step 3 of 6: the bar reads 6/6 at the end (Lightning's reads batches of this epoch
+    against the steps left: 6/3)."""
+    from minillm.callbacks.progress import RichBar
+
+    first = compose_cfg(tmp_path, corpus, "trainer.max_steps=3", "scheduler=constant", "test=false")
+    train_script.train(first)
+    ckpt = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=6", "scheduler=constant", "test=false",
+                      f"ckpt_path={ckpt}", "callbacks.progress_bar.mode=rich")
+    with open_dict(cfg):
+        cfg.callbacks.look = {"_target_": "test_callbacks.LookAtTheBar"}
+    train_script.train(cfg)
+    assert LookAtTheBar.seen == {"kind": RichBar, "total": 6, "completed": 6}
+
+
+class LookAtTheBar(L.Callback):
+    seen: dict = {}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        bar = trainer.progress_bar_callback
+        task = bar.progress.tasks[bar.train_progress_bar_id]
+        LookAtTheBar.seen = {"kind": type(bar), "total": task.total, "completed": task.completed}
+
+
+def test_log_lines_print_above_the_rich_bar(monkeypatch):
+    """A console handler made before the bar writes to whatever sys.stdout is when it logs (rich's proxy while
+    the bar is live), not into the bar's line through the stream it was made with."""
+    import io
+    import logging
+
+    from minillm.callbacks.progress import follow_console
+
+    logger = logging.getLogger("test-follow-console")
+    handler = logging.StreamHandler(sys.stdout)
+    logger.addHandler(handler)
+    try:
+        follow_console(logger)
+        live = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", live)
+        logger.warning("a line")
+        assert live.getvalue() == "a line\n"
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_the_model_the_perf_monitor_counts_on_gives_no_second_warning():
+    """The pooled-BatchNorm warning comes from the run's model (its norms: one location, so Python shows it
+    once); the meta-device copy PerfMonitor counts FLOPs on must not repeat it."""
+    from minillm.callbacks.perf import meta_model
+
+    cfg = ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, norm="batchnorm",
+                      norm_options={"stats": "pooled"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        meta_model(cfg)
+    assert caught == []
+
+
+def test_samples_of_a_users_corpus_start_from_its_own_text(tmp_path, corpus):
+    """data=files: the prompt is the held-out split's first line, which the corpus's tokenizer can encode."""
+    cfg = compose_cfg(tmp_path, corpus, "callbacks=default", "logger=csv", "test=false")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_script.train(cfg)
+    assert not [w for w in caught if "outside the vocabulary" in str(w.message)]
+    text = (Path(cfg.paths.output_dir) / "samples.txt").read_text()
+    first = text.split("\n")[1]
+    assert len(first) > 8 and first[:8] in corpus.read_text()  # the sample starts with the corpus's own text

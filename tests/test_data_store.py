@@ -277,3 +277,31 @@ def test_two_processes_prepare_one_store_and_read_the_global_stream_as_ddp_ranks
         assert x.tolist() == ranks[0]["train"][step] + ranks[1]["train"][step]
     assert [w for x, _ in one.val_dataloader() for w in x.tolist()] == [
         w for r in ranks for batch in r["val"] for w in batch]
+
+
+def test_a_store_changed_in_place_is_caught_by_its_checksum(corpus: Path, tmp_path: Path):
+    """Bytes overwritten without changing the file's size, ids still inside the vocabulary: the checksum that
+    meta.json recorded differs, and the error names the folder to delete."""
+    store = S.prepare_store(spec(corpus), tmp_path)
+    ids = np.fromfile(store.path / "train.bin", dtype=np.uint8)
+    ids[10:20] = ids[30:40]  # valid ids, wrong text
+    ids.tofile(store.path / "train.bin")
+    with pytest.raises(DataError, match=r"^token cache '.*' is unreadable \(ValueError: train.bin was changed after "
+                                        r"the store was written .*\); delete that folder and run again"):
+        S.prepare_store(spec(corpus), tmp_path)
+
+
+def test_a_big_store_changed_in_place_is_caught_by_the_first_batch_outside_the_vocabulary(corpus, tmp_path,
+                                                                                             monkeypatch):
+    """Stores above VERIFY_BYTES are not hashed at every start: an id outside the vocabulary is caught before
+    the batch reaches the model (an embedding index error otherwise)."""
+    dm = make_dm(corpus, tmp_path)
+    with open(dm.store.path / "train.bin", "r+b") as f:
+        f.write(b"\xff" * (dm.seq_len + 1) * 64)  # the first windows' bytes
+    monkeypatch.setattr(S, "VERIFY_BYTES", 0)
+    dm = make_dm(corpus, tmp_path)  # opens: sizes check, no hashing
+    batch = next(x for x in dm.train_dataloader() if int(x[0].max()) >= dm.vocab_size)
+    with pytest.raises(DataError, match=r"holds ids outside the vocabulary of \d+: it was changed after it was "
+                                        r"written; delete that folder"):
+        dm.on_before_batch_transfer(batch, 0)
+

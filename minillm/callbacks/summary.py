@@ -154,8 +154,11 @@ class RunSummary(L.Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         summary = _json_safe(summary)
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-        tmp.replace(path)
+        try:  # written whole, then renamed: never half a summary (a full disk leaves the previous one)
+            tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         for logger in trainer.loggers:  # W&B's run summary shows the same numbers (minillm.loggers)
             if hasattr(logger, "record_summary"):
                 logger.record_summary(summary)

@@ -1,0 +1,228 @@
+"""What users plausibly do wrong, done as they do it: `python train.py` from a fresh folder, W&B on (the default).
+
+Bad input is one line that names the field or the path and what to do, exit code 2, and leaves no run folder
+or half-written file behind. Runs that go wrong (a callback that fails, a diverging run in a sweep, a full
+disk, a second run in a folder that is in use, a token store changed on disk) end as documented in
+docs/reliability.md, never in a traceback or a lost run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, read_rows
+from processes import cli, cli_all, finish, ok, start, summaries
+
+from minillm.callbacks.common import Observer
+
+TRAIN = str(ROOT / "train.py")
+SMALL = ["model=tiny", "data=files", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=2",
+         "trainer.val_check_interval=2", "callbacks.text_sample.max_new_tokens=8"]
+CORPUS_CHARS = 20_000
+
+
+def small(corpus: Path, *overrides: str) -> list[str]:
+    return [TRAIN, *SMALL, f"data.files=[{corpus}]", *overrides]
+
+
+def error_line(output: str) -> str:
+    """The one line that reports the error (``config error: ...``, ``disk error: ...``, ``data error: ...``)."""
+    lines = [line for line in output.splitlines() if re.search(r"\b(config|data|checkpoint|disk) error: ", line)]
+    assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+    return lines[0]
+
+
+def left_behind(cwd: Path, log: str | None = None) -> list[str]:
+    """Every file or folder under cwd but the command's own output file and empty folders."""
+    return sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*")
+                  if p.name != log and not (p.is_dir() and not any(p.iterdir())))
+
+
+# (what the user typed, what the one line must say); {tmp} is the test's folder
+BAD_INPUT = [
+    (["seed=-1"], "config error: seed=-1 is invalid; allowed: an integer >= 0 and <= 4294967295"),
+    (["trainer.max_steps=ten"], "config error: trainer.max_steps='ten' is invalid; allowed: an integer >= 1"),
+    (["norm=groupnorm"], "config error: norm=groupnorm is invalid; allowed: batchnorm, dyt, fused_rmsnorm, "
+                         "layernorm, none, powernorm, rmsnorm, scalenorm"),
+    (["optimizer.learning_rate=1e-3"], "config error: optimizer.learning_rate is not a key of the config; "
+                                       "optimizer has: betas, eps, lr, weight_decay"),
+    (["seed=[1"], "config error: an override cannot be parsed"),
+    (["hydra/launcher=nope"], "config error: hydra/launcher=nope is invalid; allowed: basic, joblib"),
+    (["placement=sideways"], "config error: placement='sideways' is invalid; allowed: pre, post"),
+    (["trainer.precision=8"], "config error: trainer.precision='8' is invalid; allowed: 32-true"),
+    (["name=../x"], "config error: name='../x' is invalid; allowed: a folder name"),
+    (["run_id=a/b"], "config error: run_id='a/b' is invalid; allowed: a folder name"),
+    (["+model.vocab_size=50"], "the vocabulary of data.tokenizer='char' on this corpus (leave model.vocab_size"),
+    (["train=false"], "config error: train=false evaluates a checkpoint: give ckpt_path="),
+    (["ckpt_path=auto"], "config error: ckpt_path=auto needs the run to resume: add run_id=<id>"),
+    (["norm=batchnorm", "data.batch_size=1"], "config error: data.batch_size=1 is invalid for norm=batchnorm"),
+    (["ckpt_path={tmp}"], "config error: ckpt_path='{tmp}' is a folder, not a checkpoint"),
+    (["ckpt_path={tmp}/none.ckpt"], "config error: ckpt_path='{tmp}/none.ckpt' does not exist"),
+    (["data.cache_dir={tmp}/corpus.txt"], "data error: data.cache_dir='{tmp}/corpus.txt' cannot hold token "
+                                          "stores (it is a file)"),
+    (["trainer.accumulate_grad_batches=0"], "config error: trainer.accumulate_grad_batches=0 is invalid"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(overrides, message, tmp_path, shared_cache, corpus):
+    (tmp_path / "corpus.txt").write_text(corpus.read_text())
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    pid, log = start(small(tmp_path / "corpus.txt", *(o.format(tmp=tmp_path) for o in overrides)), cwd, shared_cache)
+    out = finish(pid, log, overrides)
+    assert out.returncode == 2, out.output[-3000:]
+    assert message.format(tmp=tmp_path) in error_line(out.output)
+    assert left_behind(cwd, log.name) == [] and not (tmp_path / "x").exists()  # no run folder, in logs/ or out
+
+
+def test_a_model_config_error_comes_before_the_data_is_prepared(tmp_path, corpus):
+    """A BPE trains for minutes on a real corpus: a wrong model.dim must not wait for it."""
+    cache = tmp_path / "cache"
+    out = cli(small(corpus, "data.tokenizer=bpe", "data.vocab_size=300", "model.dim=33"), tmp_path, cache)
+    assert out.returncode == 2 and "config error: model.dim=33 is invalid" in error_line(out.output)
+    assert not cache.exists() or not any(cache.iterdir())  # no token store was built
+
+
+# --- runs that go wrong ------------------------------------------------------------------------------------
+
+
+def test_a_long_warmup_with_wandb_on_trains_and_a_two_step_run_is_not_trained(tmp_path, shared_cache, corpus):
+    """The gains have not moved after one step of a 2,000-step warmup: the W&B histograms of constant values
+    must not stop the run. Its loss is still at ln V: not_trained, not diverged."""
+    ok(cli(small(corpus, "scheduler.warmup_steps=2000", "callbacks.histograms.every_n_steps=1"), tmp_path,
+           shared_cache))
+    (summary,) = summaries(tmp_path / "logs")
+    assert summary["status"] == "not_trained" and not summary["diverged"] and summary["failed"]
+    assert summary["callback_errors"] is None and summary["steps"] == 2
+
+
+def test_a_diverging_run_in_a_sweep_ends_as_diverged_and_the_sweep_goes_on(tmp_path, shared_cache, corpus):
+    """fp16 weights overflow at once; the histogram callback then sees infinite values, which it leaves out."""
+    args = small(corpus, "callbacks.histograms.every_n_steps=1", "trainer.precision=16-true,32-true")
+    ok(cli([args[0], "-m", *args[1:]], tmp_path, shared_cache))
+    by_precision = {s["precision"]: s for s in summaries(tmp_path / "logs")}
+    assert by_precision["16-true"]["status"] == "diverged" and by_precision["16-true"]["callback_errors"] is None
+    assert by_precision["32-true"]["status"] in ("completed", "not_trained")
+
+
+class Broken(Observer):
+    """Stands for any logging callback with a bug: it raises at the second step."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == 2:
+            raise RuntimeError("a bug in a logging callback")
+
+
+def test_an_observing_callback_that_fails_is_turned_off_and_training_goes_on(tmp_path, shared_cache, corpus):
+    out = ok(cli(small(corpus, "trainer.max_steps=4", "trainer.log_every_n_steps=1",
+                     "+callbacks.broken._target_=test_hostile.Broken"), tmp_path,
+                 shared_cache))
+    assert "callback Broken failed in on_train_batch_end: RuntimeError: a bug in a logging callback; it is off" in out
+    (summary,) = summaries(tmp_path / "logs")
+    assert summary["steps"] == 4 and summary["callback_errors"] == {
+        "Broken": "on_train_batch_end: RuntimeError: a bug in a logging callback"}
+    (run,) = (tmp_path / "logs" / "default" / "runs").iterdir()
+    assert max(int(r["step"]) for r in read_rows(run) if r.get("train/loss")) == 3  # every step logged
+
+
+def test_the_resume_hint_printed_at_a_stop_resumes_that_run(tmp_path, shared_cache, corpus):
+    """No run_id: the stop prints a command that continues this run in its own folder, not a fresh one."""
+    args = small(corpus, "trainer.max_steps=6", "trainer.val_check_interval=3", "test=false")
+    stop = ["+callbacks.signal._target_=test_reliability.SignalAt", "+callbacks.signal.signum=15",
+            "+callbacks.signal.step=2"]
+    out = cli([*args, *stop], tmp_path, shared_cache)
+    assert out.returncode == 143, out.output[-3000:]
+    hint = re.search(r"resume this run with the same command plus (ckpt_path=\S+)", out.output).group(1)
+    ok(cli([*args, hint], tmp_path, shared_cache))
+    (run,) = (tmp_path / "logs" / "default" / "runs").iterdir()  # one run folder, the stopped run's
+    (summary,) = summaries(run)
+    assert summary["status"] in ("completed", "not_trained") and summary["steps"] == 6
+
+
+def test_two_runs_with_one_run_id_at_once_the_second_is_refused(tmp_path, shared_cache, corpus):
+    args = small(corpus, "run_id=same", "trainer.max_steps=40", "trainer.val_check_interval=20")
+    first, second = cli_all([args, args], tmp_path, shared_cache)
+    codes = sorted([first.returncode, second.returncode])
+    assert codes == [0, 2], (first.output[-2000:], second.output[-2000:])
+    refused = first if first.returncode == 2 else second
+    folder = tmp_path / "logs" / "default" / "runs" / "same"
+    assert f"config error: the run folder {folder} is in use by another run" in error_line(refused.output)
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    steps = [int(r["step"]) for r in read_rows(folder) if r.get("train/loss")]
+    assert steps == [9, 19, 29, 39]  # one run's rows (every 10 steps), once
+    assert len(summaries(folder)) == 1 and not list((folder / ".hydra").glob("resumed-*"))
+
+
+def test_a_token_store_changed_on_disk_is_one_error_naming_the_folder(tmp_path, corpus):
+    cache = tmp_path / "cache"
+    ok(cli(small(corpus, "logger=csv"), tmp_path, cache))
+    (store,) = [p for p in cache.iterdir() if p.is_dir()]
+    with open(store / "train.bin", "r+b") as f:  # same size, bytes overwritten: ids outside the vocabulary
+        f.seek(100)
+        f.write(b"\xff" * 64)
+    cwd = tmp_path / "again"
+    cwd.mkdir()
+    pid, log = start(small(corpus), cwd, cache)
+    out = finish(pid, log, [])
+    assert out.returncode == 2
+    line = error_line(out.output)
+    assert f"data error: token cache {str(store)!r} is unreadable" in line and "delete that folder" in line
+    assert left_behind(cwd, log.name) == []
+
+
+# --- file systems that refuse -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size, read_only) -> a folder on a tmpfs of that size (unmounted after the test); skips where this
+    process may not mount (CI and the development machines run the tests as root)."""
+    mounted = []
+
+    def mount(size: str = "1m", read_only: bool = False) -> Path:
+        folder = tmp_path / f"fs{len(mounted)}"
+        folder.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def test_a_read_only_log_folder_is_one_line(tmp_path, shared_cache, corpus, tmpfs):
+    logs = tmpfs(read_only=True)
+    out = cli(small(corpus, f"paths.log_dir={logs}"), tmp_path, shared_cache)
+    assert out.returncode == 2
+    assert f"disk error: cannot write {logs}/default" in error_line(out.output)
+    assert "Read-only file system" in out.output
+
+
+def test_a_read_only_cache_is_one_line_naming_data_cache_dir(tmp_path, corpus, tmpfs):
+    cache = tmpfs(read_only=True)
+    out = cli(small(corpus, f"data.cache_dir={cache}"), tmp_path, tmp_path / "unused")
+    assert out.returncode == 2
+    assert (f"data error: data.cache_dir='{cache}' cannot hold token stores (Read-only file system)"
+            in error_line(out.output))
+    assert not (tmp_path / "logs").exists() or left_behind(tmp_path / "logs") == []
+
+
+def test_a_full_disk_ends_the_run_in_one_line_with_nothing_half_written(tmp_path, shared_cache, corpus, tmpfs):
+    """The run folder's disk fills up when the first checkpoint is written (the tiny model's optimizer state
+    does not fit): one line, exit 2, no partial checkpoint or summary."""
+    logs = tmpfs(size="160k")
+    out = cli(small(corpus, f"paths.log_dir={logs}", "logger=csv"), tmp_path, shared_cache)
+    assert out.returncode == 2
+    assert "disk error: cannot write" in error_line(out.output) and "No space left on device" in out.output
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    assert not [p for p in files if ".tmp" in p.name], files
+    for summary in logs.rglob("summary.json"):
+        json.loads(summary.read_text())  # complete, if written at all
