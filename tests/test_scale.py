@@ -177,8 +177,8 @@ def test_sync_batchnorm_switch_reaches_minillm_norms(tmp_path, corpus, monkeypat
     monkeypatch.setattr(minillm.model, "build_norm", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
     for norm, switch in (("batchnorm", "true"), ("powernorm", "true"), ("batchnorm", "false")):
         built.clear()
-        train_script.train(compose_cfg(tmp_path, corpus, f"norm={norm}", f"+trainer.sync_batchnorm={switch}",
-                                       "train=false", "test=false"))
+        train_script.prepare(compose_cfg(tmp_path, corpus, f"norm={norm}", f"+trainer.sync_batchnorm={switch}",
+                                         "test=false"))  # built, not trained
         assert built and all(m.sync == (switch == "true") for m in built), (norm, switch)
 
 
