@@ -170,7 +170,7 @@ def find_record(sweep_dirs: Sequence[str | Path], given: str | None = None) -> P
             raise PlanError(f"--plan: {path} does not exist")
         return path
     for folder in map(Path, sweep_dirs):
-        for candidate in [folder, *list(folder.resolve().parents)[:3]]:
+        for candidate in dict.fromkeys([folder, *list(folder.parents)[:3], *list(folder.resolve().parents)[:3]]):
             if (candidate / "plan.json").is_file():
                 return candidate / "plan.json"
     raise PlanError("--plan: no plan.json in the sweep folder or the 3 folders above it; record one with "

@@ -171,10 +171,10 @@ def forest_plot(result: dict, path: Path) -> Path:
 
     comps = result["comparisons"]
     colors = {"better": "tab:green", "worse": "tab:red", "equivalent": "tab:blue", "inconclusive": "tab:gray"}
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * max(len(comps), 1)))
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.45 * max(len(comps), 1)))
     margin = result["margin"]
-    ax.axvspan(-margin, margin, color="tab:blue", alpha=0.12, label=f"margin ±{margin:g}")
-    ax.axvline(0, color="black", lw=1, label=f"baseline: {label(result['baseline'])}")
+    ax.axvspan(-margin, margin, color="tab:blue", alpha=0.12)
+    ax.axvline(0, color="black", lw=1)
     for i, c in enumerate(comps):
         y = len(comps) - 1 - i
         if c["ci_low"] is not None:
@@ -189,8 +189,8 @@ def forest_plot(result: dict, path: Path) -> Path:
     ax.set_ylim(-0.7, max(len(comps), 1) - 0.3)
     ax.set_xlabel(f"arm - baseline, {result['metric']} ({'higher' if result['higher_is_better'] else 'lower'} is "
                   "better)")
-    ax.set_title(f"{result['factor']}: each arm against {label(result['baseline'])}", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{result['factor']}: each arm against {label(result['baseline'])} (the line at 0); shaded: the "
+                 f"margin ±{margin:g}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
