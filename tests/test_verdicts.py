@@ -247,3 +247,18 @@ def test_common_lr_refuses_arms_that_share_no_lr():
     with pytest.raises(CompareError, match="--lr: common: no lr was run by every value"):
         compare(runs, "norm", "layernorm", lr="common")
     assert compare(runs, "norm", "layernorm")["comparisons"][0]["arm_lr"] == 3e-3  # tuned: each its own
+
+
+def test_a_higher_is_better_metric_and_the_bootstrap_interval(planted):
+    """tokens/s, 10% higher for rmsnorm: better when higher is better (the lr still tuned on the loss), and with
+    interval=bootstrap the verdict's interval is the seeded BCa one."""
+    runs = [{**r.summary, "tokens_per_s": 1000.0 * (1.1 if r.get("norm") == "rmsnorm" else 1.0) + r.get("seed")}
+            for r in find_runs(planted)]
+    rms = by_arm(compare(runs, "norm", "layernorm", metric="tokens_per_s", margin=20.0, higher_is_better=True))
+    assert rms["rmsnorm"]["diff"] == pytest.approx(100.0) and rms["rmsnorm"]["verdict"] == "better"
+    assert rms["scalenorm"]["arm_lr"] == 1e-2  # tuned on the final val loss, not on the speed
+    assert rms["dyt"]["fail_arm"] == 3 and rms["powernorm"]["verdict"] == "equivalent"
+    boot = by_arm(compare(find_runs(planted), "norm", "layernorm", interval="bootstrap"))["powernorm"]
+    assert boot["ci_method"] == "paired bootstrap (BCa)"
+    assert [boot["ci_low"], boot["ci_high"]] == boot["bootstrap_interval"] != boot["t_interval"]
+    assert boot["ci_high"] - boot["ci_low"] < boot["t_interval"][1] - boot["t_interval"][0]  # too narrow at n = 8
