@@ -100,11 +100,13 @@ def is_stalled(summary: Mapping[str, Any], margin: float) -> bool:
     return not summary.get("diverged") and _finite(final) and unigram is not None and final >= unigram - margin
 
 
-def loss_for_comparison(summary: Mapping[str, Any], loss_init: float | None = None) -> float:
-    """min(final val loss, ln V); a diverged run, or a missing or non-finite loss, counts as ln V."""
+def loss_for_comparison(summary: Mapping[str, Any], loss_init: float | None = None,
+                        key: str = "final_val_loss") -> float:
+    """min(final val loss, ln V); a diverged run, or a missing or non-finite loss, counts as ln V. ``key`` names
+    another loss of summary.json in nats (best_val_loss, test_loss) to take instead of the final val loss."""
     loss_init = loss_init if loss_init is not None else summary.get("loss_init")
     loss_init = loss_init if loss_init is not None else math.inf
-    value = summary.get("final_val_loss")
+    value = summary.get(key)
     if summary.get("diverged") or not _finite(value):
         return loss_init
     return min(float(value), loss_init)

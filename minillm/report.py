@@ -1,11 +1,14 @@
-"""Sweep report from disk (no W&B): every ``<run>/summary.json`` and ``<run>/csv/metrics.csv`` under a folder.
+"""Sweep report from disk (no W&B): every ``<run>/summary.json`` and ``<run>/csv/metrics.csv`` under the folders.
 
-    python -m minillm.report logs/norm_x_placement/multiruns/2025-01-01_12-00-00 [--out DIR]
+    python -m minillm.report logs/norm_x_placement/multiruns/2025-01-01_12-00-00 [MORE_SWEEPS ...] [--out DIR]
+    python -m minillm.report <sweep> --compare norm --baseline layernorm    # + verdicts (minillm.verdict_report)
+    python -m minillm.report plan PLAN.yaml --sweep NAME                     # pre-register (minillm.plan)
 
 Writes ``report.md`` (one row per norm x placement x lr, plus any other config key that varies across the
 sweep, seeds pooled; then LR sensitivity per norm x placement), ``report.json`` (the same rows) and PNGs:
 ``loss_by_norm.png``, ``loss_by_placement.png``, ``grad_norm.png``, ``residual_growth.png``,
-``lr_sensitivity.png``.
+``lr_sensitivity.png``. With ``--compare`` (or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and
+``verdicts.png`` (docs/comparing.md).
 
 LR sensitivity (Wortsman et al. 2023, EXPERIMENTS.md): with loss(lr) = the mean over seeds of
 min(final val loss, loss_init) (a diverged or missing loss counts as loss_init = ln(vocab_size)),
@@ -19,7 +22,8 @@ import csv
 import json
 import math
 import statistics
-from collections import defaultdict
+import sys
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,34 +333,69 @@ def plot_all(runs: Sequence[Run], data: dict[str, Any], out: Path) -> list[Path]
     return [out / p for p in PLOTS]
 
 
-def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Read the sweep, write report.md, report.json and the PNGs to out (default <sweep_dir>/report)."""
-    sweep_dir = Path(sweep_dir)
-    found = find_runs(sweep_dir)
+def load_runs(sweep_dirs: str | Path | Sequence[str | Path]) -> list[Run]:
+    """Every run under the sweep folders (preempted ones included); FileNotFoundError when there is none."""
+    dirs = [sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else list(sweep_dirs)
+    found = [run for d in dirs for run in find_runs(d)]
     if not found:
-        raise FileNotFoundError(f"no summary.json under {sweep_dir}")
+        raise FileNotFoundError(f"no summary.json under {', '.join(map(str, dirs))}")
+    return found
+
+
+def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path | None = None,
+                 found: Sequence[Run] | None = None) -> Path:
+    """Read the sweep(s), write report.md, report.json and the PNGs to out (default <first sweep_dir>/report)."""
+    dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
+    found = list(found) if found is not None else load_runs(dirs)
     runs = [r for r in found if r.get("status") != "preempted"]  # stopped by a signal and not resumed yet
     if not runs:
-        raise FileNotFoundError(f"every run under {sweep_dir} was stopped before its end (status preempted); "
-                                "resume them with ckpt_path=auto")
-    out = Path(out) if out else sweep_dir / "report"
+        raise FileNotFoundError(f"every run under {', '.join(map(str, dirs))} was stopped before its end (status "
+                                "preempted); resume them with ckpt_path=auto")
+    out = Path(out) if out else dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     data = summarize(runs)
     data["incomplete"] = sorted(str(r.dir) for r in found if r.get("status") == "preempted")
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     plot_all(runs, data, out)
     path = out / "report.md"
-    path.write_text(markdown(data, sweep_dir))
+    path.write_text(markdown(data, Path(", ".join(map(str, dirs)))))
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("sweep_dir", type=Path, help="folder holding run folders with summary.json")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <sweep_dir>/report)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        from minillm.plan import main as plan_main
+
+        plan_main(argv[1:])
+        return
+    from minillm import verdict_report
+
+    parser = argparse.ArgumentParser(
+        prog="minillm-report", description=__doc__.split("\n")[0],
+        epilog="minillm-report plan PLAN.yaml --sweep NAME records a comparison's rules before its sweep runs "
+               "(docs/comparing.md).")
+    parser.add_argument("sweep_dir", type=Path, nargs="+", help="folder(s) holding run folders with summary.json")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep_dir>/report)")
+    verdict_report.add_arguments(parser)
     args = parser.parse_args(argv)
-    path = write_report(args.sweep_dir, args.out)
+    try:
+        found = load_runs(args.sweep_dir)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    verdicts = verdict_report.prepare(parser, args, found)  # checked and computed before anything is written
+    try:
+        path = write_report(args.sweep_dir, args.out, found)
+    except FileNotFoundError as err:
+        parser.error(str(err))
     print(f"wrote {path} and {len(PLOTS)} plots")
+    if verdicts is not None:
+        files = verdict_report.write(verdicts, path.parent)
+        counts = Counter(c["verdict"] for c in verdicts["comparisons"])
+        print(f"wrote {', '.join(str(f) for f in files)}: " + (", ".join(f"{n} {v}" for v, n in sorted(
+            counts.items())) or "no comparison"))
+        if args.wandb:
+            verdict_report.log_to_wandb(verdicts, path.parent, found)
 
 
 if __name__ == "__main__":

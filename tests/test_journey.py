@@ -69,6 +69,9 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert "placement: pre, post, peri, branch, deepnorm, mix" in logs["python train.py --help"]
     sweep = max((cwd / "logs" / "my_sweep" / "multiruns").iterdir())
     assert len(summaries(sweep)) == 6 and (sweep / "report" / "report.md").is_file()
+    verdicts = json.loads((sweep / "report" / "verdicts.json").read_text())  # 2 steps, 1 seed: inconclusive
+    assert len(verdicts["comparisons"]) == 4 and {c["stratum"]["placement"] for c in verdicts["comparisons"]} == {
+        "pre", "post"}
     par = summaries(cwd / "logs" / "par" / "multiruns")  # Hydra's joblib launcher: parallel processes
     assert {(s["norm"], s["seed"]) for s in par} == {(n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
     (par_log,) = [log for command, log in logs.items() if "hydra/launcher=joblib" in command]

@@ -172,3 +172,137 @@ def test_optuna_sweeper_preset_minimizes_the_optimized_metric(tmp_path):
     losses = [json.loads(p.read_text())["final_val_loss"] for p in result.parent.rglob("summary.json")]
     assert len(losses) == 3 and best["best_value"] == pytest.approx(min(losses))
     assert 1e-4 <= best["best_params"]["optimizer.lr"] <= 3e-2
+
+
+# --- verdicts: minillm-report ... --compare FACTOR --baseline VALUE -------------------------------------------------
+
+
+def report_main(args: list[str], capsys) -> tuple[int, str, str]:
+    """minillm-report in this process: (exit code, stdout, stderr)."""
+    from minillm.report import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_compare_writes_verdicts_next_to_the_report(tmp_path, capsys):
+    from test_verdicts import planted_runs, write_sweep
+
+    from minillm.compare import VERDICTS_FIELDS
+
+    sweep = write_sweep(tmp_path / "planted", planted_runs())
+    code, out, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm"], capsys)
+    assert code == 0, err
+    folder = sweep / "report"
+    assert {"report.md", "report.json", *PLOTS, "verdicts.json", "verdicts.md", "verdicts.png"} <= {
+        p.name for p in folder.iterdir()}
+    assert "2 equivalent, 1 inconclusive, 1 worse" in out
+    data = json.loads((folder / "verdicts.json").read_text())
+    assert {k: data[k] for k in ("factor", "baseline", "metric", "margin", "alpha", "lr_rule")} == {
+        "factor": "norm", "baseline": "layernorm", "metric": "final_val_loss", "margin": 0.02, "alpha": 0.05,
+        "lr_rule": "tuned"}
+    assert all(list(c)[:len(VERDICTS_FIELDS)] == list(VERDICTS_FIELDS) for c in data["comparisons"])
+    verdicts = {c["arm"]: c["verdict"] for c in data["comparisons"]}
+    assert verdicts == {"dyt": "worse", "powernorm": "inconclusive", "rmsnorm": "equivalent",
+                        "scalenorm": "equivalent"}
+    md = (folder / "verdicts.md").read_text()
+    assert "| scalenorm | - | 0.01 / 0.003 | 8 |" in md and "**inconclusive**" in md
+    assert "## What the verdicts mean" in md
+    png = (folder / "verdicts.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    # the same sweep with other rules: a common lr, and a larger margin for best_val_loss
+    code, _, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm", "--lr", "common", "--margin",
+                                "0.3", "--metric", "best_val_loss", "--out", tmp_path / "r2"], capsys)
+    data = json.loads((tmp_path / "r2" / "verdicts.json").read_text())
+    assert code == 0 and data["lr_rule"] == "common" and data["metric"] == "best_val_loss"
+    assert {c["arm"]: c["verdict"] for c in data["comparisons"]}["scalenorm"] == "equivalent"  # +0.2 < 0.3
+
+
+def test_several_sweep_folders_are_pooled(tmp_path, capsys):
+    from test_verdicts import run, write_sweep
+
+    first = write_sweep(tmp_path / "a", [run(n, 1e-3, s, 2.0 + 0.01 * s + 0.1 * (n == "rmsnorm"))
+                                         for n in ("layernorm", "rmsnorm") for s in (0, 1)])
+    second = write_sweep(tmp_path / "b", [run(n, 1e-3, s, 2.0 + 0.01 * s + 0.1 * (n == "rmsnorm"))
+                                          for n in ("layernorm", "rmsnorm") for s in (2, 3)])
+    code, _, err = report_main([first, second, "--compare", "norm", "--baseline", "layernorm"], capsys)
+    assert code == 0, err
+    (c,) = json.loads((first / "report" / "verdicts.json").read_text())["comparisons"]
+    assert c["n_pairs"] == 4 and c["seeds"] == [0, 1, 2, 3] and c["verdict"] == "worse"
+    assert "| layernorm | pre | 0.001 | 4 |" in (first / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--compare", "nrm", "--baseline", "layernorm"], "--compare: unknown factor 'nrm'"),
+    (["--compare", "placement", "--baseline", "pre"], "--compare: placement does not vary (every run has pre); "
+                                                      "allowed: norm"),
+    (["--compare", "norm", "--baseline", "batchnorm"], "--baseline: 'batchnorm' is not a value of norm; allowed: "
+                                                       "dyt, layernorm, powernorm, rmsnorm, scalenorm"),
+    (["--compare", "norm", "--baseline", "layernorm", "--metric", "val_bpb"], "--metric: 'val_bpb' has no value"),
+    (["--compare", "norm", "--baseline", "layernorm", "--margin", "-0.1"], "--margin: -0.1 is invalid; allowed: "
+                                                                          "a number > 0"),
+    (["--compare", "norm", "--baseline", "layernorm", "--alpha", "1.5"], "--alpha: 1.5 is invalid; allowed: a "
+                                                                        "number in (0, 1)"),
+    (["--compare", "norm", "--baseline", "layernorm", "--lr", "fast"], "--lr: fast is invalid; allowed: tuned, "
+                                                                      "common or a learning rate"),
+    (["--compare", "norm", "--baseline", "layernorm", "--lr", "0.005"], "--lr: 0.005: dyt has no run at that lr"),
+    (["--compare", "norm"], "--baseline missing"),
+    (["--wandb"], "--wandb: logs the verdicts; it needs --compare"),
+    (["--plan"], "--plan: no plan.json in the sweep folder"),
+])
+def test_bad_comparison_options_are_one_error_line_and_write_nothing(args, error, tmp_path, capsys):
+    from test_verdicts import planted_runs, write_sweep
+
+    sweep = write_sweep(tmp_path / "planted", planted_runs())
+    code, _, err = report_main([sweep, *args], capsys)
+    assert code == 2 and err.splitlines()[-1].startswith(f"minillm-report: error: {error}"), err
+    assert not (sweep / "report").exists()
+
+
+def test_compare_on_a_real_cpu_study_sweep_logs_its_verdicts_to_wandb(tmp_path):
+    """train.py's cpu_study sweep with W&B and CSV loggers (tiny overrides), then the comparison with --wandb:
+    all three files, and an offline W&B run of job_type report in the sweep's group whose table holds the
+    verdicts."""
+    from helpers import read_wandb_run, wandb_records
+    from test_journey import cli, ok
+
+    corpus = write_corpus(tmp_path / "c.txt", n_chars=30_000)
+    ok(cli([str(ROOT / "train.py"), "-m", "experiment=cpu_study", "norm=layernorm,rmsnorm", "seed=0,1,2",
+            "optimizer.lr=3e-3,1e-2", "model=tiny", "trainer.max_steps=30", "trainer.val_check_interval=15",
+            "scheduler.warmup_steps=5", "data.batch_size=8", "data.val_windows=4", "data=files",
+            f"data.files=[{corpus}]", "logger=wandb", "name=cmp"], tmp_path, tmp_path / "cache"))
+    (sweep,) = (tmp_path / "logs" / "cmp" / "multiruns").iterdir()
+    out = ok(cli(["-m", "minillm.report", str(sweep), "--compare", "norm", "--baseline", "layernorm", "--wandb"],
+                 tmp_path, tmp_path / "cache"))
+    folder = sweep / "report"
+    assert all((folder / f).is_file() for f in ("report.md", "verdicts.json", "verdicts.md", "verdicts.png"))
+    data = json.loads((folder / "verdicts.json").read_text())
+    (c,) = data["comparisons"]
+    assert c["arm"] == "rmsnorm" and c["n_pairs"] == 3 and c["n_arm"] == c["n_baseline"] == 3
+    assert c["arm_lr"] in (3e-3, 1e-2) and c["ci_method"] == "paired t" and c["ci_low"] <= c["diff"] <= c["ci_high"]
+    (report_run,) = (folder / "wandb").glob("offline-run-*")
+    assert f"W&B: offline run {report_run.name.rsplit('-', 1)[-1]} in" in out
+
+    def run_record(run_folder: Path):
+        return next(r.run for r in wandb_records(next(run_folder.glob("*.wandb")))
+                    if r.WhichOneof("record_type") == "run")
+
+    trained = run_record(next((sweep / "0" / "wandb").glob("offline-run-*")))
+    record = run_record(report_run)
+    assert record.job_type == "report" and record.run_group == trained.run_group == f"cmp-{sweep.name}"
+    assert record.project == trained.project == "minillm"
+    run = read_wandb_run(report_run)
+    (row,) = [r for r in run["history"] if "verdicts/path" in r]
+    table = json.loads((report_run / "files" / row["verdicts/path"]).read_text())
+    (logged,) = table["data"]
+    got = dict(zip(table["columns"], logged, strict=True))
+    assert {k: got[k] for k in ("arm", "baseline", "verdict", "n_pairs", "arm_lr", "baseline_lr")} == {
+        "arm": "rmsnorm", "baseline": "layernorm", "verdict": c["verdict"], "n_pairs": 3, "arm_lr": c["arm_lr"],
+        "baseline_lr": c["baseline_lr"]}
+    assert got["diff"] == pytest.approx(c["diff"]) and got["ci_low"] == pytest.approx(c["ci_low"])
+    assert row["verdicts_forest_plot/_type"] == "image-file" and run["summary"]["verdict/rmsnorm"] == c["verdict"]

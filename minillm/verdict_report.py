@@ -1,0 +1,263 @@
+"""The verdicts of ``minillm-report ... --compare FACTOR --baseline VALUE``: command-line options, and the files.
+
+Writes ``verdicts.json`` (minillm.compare.compare's dict), ``verdicts.md`` (a table and the vocabulary) and
+``verdicts.png`` (a forest plot: each arm's difference with its interval, the margin band, the baseline at 0), and
+with ``--wandb`` logs the table and the plot to a W&B run of job_type ``report`` in the sweep's group (offline
+unless WANDB_MODE=online). ``--plan`` grades the sweep by a recorded plan (minillm.plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minillm import plan as plans
+from minillm.compare import INTERVALS, CompareError, compare, label, records_of, some
+from minillm.verdicts import VERDICTS
+
+log = logging.getLogger("minillm")
+FILES = ("verdicts.json", "verdicts.md", "verdicts.png")
+OPTIONS = {"factor": "--compare", "baseline": "--baseline", "metric": "--metric", "margin": "--margin",
+           "alpha": "--alpha", "lr": "--lr", "paired_by": "--paired-by", "interval": "--interval",
+           "higher_is_better": "--higher-is-better"}
+TABLE = ("arm", "baseline", "stratum", "arm_lr", "baseline_lr", "n_pairs", "diff", "ci_low", "ci_high", "ci_method",
+         "p", "p_holm", "significant", "verdict", "fail_arm", "fail_baseline", "n_arm", "n_baseline", "fisher_p",
+         "seeds_needed", "informative", "warnings")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("comparison: a verdict for each arm (docs/comparing.md)")
+    g.add_argument("--compare", dest="factor", metavar="FACTOR", help="the summary.json key whose values are compared "
+                   "(norm, placement, init, qk_norm, precision, ...)")
+    g.add_argument("--baseline", metavar="VALUE", help="the value of FACTOR every other value is compared with")
+    g.add_argument("--metric", help="the summary.json number compared (default final_val_loss; best_val_loss, "
+                   "test_loss, ...); lower is better")
+    g.add_argument("--higher-is-better", action="store_const", const=True, help="the metric is better when higher")
+    g.add_argument("--margin", type=float, help="equivalence margin in the metric's units (default 0.02)")
+    g.add_argument("--alpha", type=float, help="1 - the intervals' confidence level (default 0.05)")
+    g.add_argument("--lr", help="tuned (default: each arm at its own best lr), common (the one lr all arms ran, "
+                   "best on average), or a learning rate")
+    g.add_argument("--paired-by", choices=["seed", "none"], help="pair runs by seed (the default when arms share "
+                   "seeds) or not (Welch's interval)")
+    g.add_argument("--interval", choices=INTERVALS, help="the interval the verdict uses: t (default) or bootstrap "
+                   "(BCa, from 8 pairs; below that, t)")
+    g.add_argument("--plan", nargs="?", const="auto", metavar="PATH", help="grade by a recorded plan (plan.json, "
+                   "default: found in or above the sweep folder); its rules replace the options above")
+    g.add_argument("--wandb", action="store_true", help="log the verdicts and the forest plot to a W&B run "
+                   "(job_type report, the sweep's group; offline unless WANDB_MODE=online)")
+
+
+def _lr(parser: argparse.ArgumentParser, value: str) -> str | float:
+    if value in ("tuned", "common"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        parser.error(f"--lr: {value} is invalid; allowed: tuned, common or a learning rate > 0")
+
+
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace, runs: Sequence[Any]) -> dict | None:
+    """The verdicts the command line asks for (None when it asks for none), computed before anything is written;
+    a request the runs cannot answer is parser.error (one line, exit 2)."""
+    given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k) is not None}
+    if args.plan is None and not given:
+        if args.wandb:
+            parser.error("--wandb: logs the verdicts; it needs --compare FACTOR --baseline VALUE (or --plan)")
+        return None
+    records = records_of(runs)
+    if "lr" in given:
+        given["lr"] = _lr(parser, given["lr"])
+    check = info = None
+    try:
+        if args.plan is not None:
+            path = plans.find_record(args.sweep_dir, args.plan)
+            rules, records, check, info = plans.grade(plans.read_record(path), records, path)
+            for key, value in given.items():
+                if value != rules[key]:
+                    print(f"note: {OPTIONS[key]} {label(value)} ignored: the plan {path} fixes "
+                          f"{key}={label(rules[key])}")
+        else:
+            missing = [OPTIONS[k] for k in ("factor", "baseline") if k not in given]
+            if missing:
+                parser.error(f"{' and '.join(missing)} missing: a comparison needs --compare FACTOR --baseline VALUE")
+            rules = given
+        result = compare(records, run_check=check, **rules)
+    except (CompareError, plans.PlanError) as err:
+        parser.error(str(err))
+    return plans.apply(result, info) if info else result
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:+.{digits}f}" if abs(value) < 100 else f"{value:.3g}"
+    return label(value)
+
+
+def _stratum(c: dict) -> str:
+    return ", ".join(f"{k}={label(v)}" for k, v in c["stratum"].items()) or "-"
+
+
+def _lrs(c: dict) -> str:
+    same = c["arm_lr"] == c["baseline_lr"]
+    return label(c["arm_lr"]) if same else f"{label(c['arm_lr'])} (baseline {label(c['baseline_lr'])})"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Verdicts: {result['factor']} against {label(result['baseline'])}", ""]
+    direction = "higher" if result["higher_is_better"] else "lower"
+    lines.append(f"Metric `{result['metric']}` ({direction} is better); difference = arm - baseline; margin "
+                 f"±{result['margin']:g}; {100 * (1 - result['alpha']):g}% intervals; lr: {label(result['lr_rule'])}; "
+                 f"{result['n_runs']} runs. A failed run (diverged, crashed, stalled at the unigram loss) is left "
+                 "out of the difference and counted under failures (Fisher's exact test against the baseline).")
+    plan = result.get("plan")
+    if plan:
+        lines += ["", f"**Pre-registered**: plan {plan['path']}, sha256 {plan['plan_hash'][:12]}, recorded "
+                      f"{plan['recorded_at']}" + (f" ({plan['question']})" if plan.get("question") else "") + ". "
+                  f"Plan file changed since: {_fmt(plan['plan_file_changed'])}; plan record intact: "
+                  f"{_fmt(plan['plan_record_intact'])}; runs started before the plan: "
+                  f"{len(plan['runs_before_plan'])}" + (f" ({some(plan['runs_before_plan'])})"
+                                                         if plan["runs_before_plan"] else "")
+                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."]
+    header = ["arm", "stratum", "lr (arm / baseline)", "pairs", "diff", "interval", "p (Holm)", "verdict",
+              "failed (arm / baseline, Fisher p)", "seeds needed"] + (["expected"] if plan else [])
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in result["comparisons"]:
+        interval = (f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] {c['ci_method']}" if c["ci_low"] is not None
+                    else f"- ({c['ci_method']})")
+        ruling = f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
+        row = [label(c["arm"]), _stratum(c), f"{label(c['arm_lr'])} / {label(c['baseline_lr'])}",
+               _fmt(c["n_pairs"]) if c["n_pairs"] is not None else "unpaired", _fmt(c["diff"]), interval,
+               f"{_p(c['p'])} ({_p(c['p_holm'])})", ruling,
+               f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {_p(c['fisher_p'])}",
+               _fmt(c["seeds_needed"])]
+        if plan:
+            row.append(f"{c['expected'] or '-'}" + ("" if c["as_expected"] is None else
+                                                     " (met)" if c["as_expected"] else " (not met)"))
+        lines.append("| " + " | ".join(row) + " |")
+    warned = [(c, w) for c in result["comparisons"] for w in c["warnings"]]
+    if warned or result["notes"] or result["left_out"]:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- {label(c['arm'])} ({_stratum(c)}): {w}" for c, w in warned]
+        lines += [f"- {n}" for n in result["notes"]]
+        lines += [f"- left out, stopped by a signal and not resumed: {d}" for d in result["left_out"]]
+    lines += ["", "## What the verdicts mean", ""]
+    lines += [f"- **{word}**: {meaning}." for word, meaning in VERDICTS.items()]
+    lines += ["- **significant** (verdicts.json): the interval excludes 0; p (Holm) adjusts p across the report's "
+              "comparisons. **seeds needed**: for an inconclusive arm, the pairs a paired t interval would need to "
+              "decide at the observed mean and spread.", "", "![forest plot](verdicts.png)", ""]
+    return "\n".join(lines)
+
+
+def forest_plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = result["comparisons"]
+    colors = {"better": "tab:green", "worse": "tab:red", "equivalent": "tab:blue", "inconclusive": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.45 * max(len(comps), 1)))
+    margin = result["margin"]
+    ax.axvspan(-margin, margin, color="tab:blue", alpha=0.12)
+    ax.axvline(0, color="black", lw=1)
+    for i, c in enumerate(comps):
+        y = len(comps) - 1 - i
+        if c["ci_low"] is not None:
+            ax.plot([c["ci_low"], c["ci_high"]], [y, y], color=colors[c["verdict"]], lw=2)
+        if c["diff"] is not None:
+            ax.plot([c["diff"]], [y], "o", color=colors[c["verdict"]])
+        ax.annotate(c["verdict"], (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                    color=colors[c["verdict"]])
+    ax.set_yticks(range(len(comps)))
+    ax.set_yticklabels([f"{label(c['arm'])}" + (f" ({_stratum(c)})" if c["stratum"] else "") + f", lr {_lrs(c)}"
+                        for c in reversed(comps)], fontsize=8)
+    ax.set_ylim(-0.7, max(len(comps), 1) - 0.3)
+    ax.set_xlabel(f"arm - baseline, {result['metric']} ({'higher' if result['higher_is_better'] else 'lower'} is "
+                  "better)")
+    ax.set_title(f"{result['factor']}: each arm against {label(result['baseline'])} (the line at 0); shaded: the "
+                 f"margin ±{margin:g}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FILES[0]).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / FILES[1]).write_text(markdown(result))
+    forest_plot(result, out / FILES[2])
+    return [out / f for f in FILES]
+
+
+def table_rows(result: dict) -> list[list]:
+    """verdicts.json's comparisons as rows of TABLE (text for the values a W&B table cannot type)."""
+    def cell(c: dict, k: str) -> Any:
+        v = c[k]
+        if k == "stratum":
+            return _stratum(c)
+        if k == "warnings":
+            return "; ".join(v)
+        return label(v) if k in ("arm", "baseline") else v
+    return [[cell(c, k) for k in TABLE] for c in result["comparisons"]]
+
+
+def wandb_target(runs: Sequence[Any]) -> tuple[str, str | None]:
+    """(project, group) of the sweep's W&B runs, as their resolved config (csv/hparams.yaml) names them; for runs
+    logged without W&B, the project of configs/logger/wandb.yaml and the group train.py would give: name, or
+    <name>-<sweep folder> for a sweep's job."""
+    for run in runs:
+        hparams = Path(run.dir) / "csv" / "hparams.yaml"
+        if hparams.is_file():
+            wandb_cfg = ((yaml.safe_load(hparams.read_text()) or {}).get("logger") or {}).get("wandb")
+            if wandb_cfg and wandb_cfg.get("project"):
+                return wandb_cfg["project"], wandb_cfg.get("group")
+    here = Path(__file__).resolve().parent
+    config = next(p for p in (here / "configs", here.parent / "configs") if p.is_dir()) / "logger" / "wandb.yaml"
+    project = yaml.safe_load(config.read_text())["wandb"]["project"]
+    first = runs[0]
+    name = first.summary.get("name")
+    in_sweep = Path(first.dir).parent.parent.name == "multiruns"
+    return project, f"{name}-{Path(first.dir).parent.name}" if in_sweep and name else name
+
+
+def log_to_wandb(result: dict, out: Path, runs: Sequence[Any]) -> Path:
+    """Log the verdict table and the forest plot to a W&B run (job_type report) in the sweep's group; returns its
+    folder. Offline unless WANDB_MODE=online; online falls back to offline when W&B cannot start."""
+    import wandb
+
+    project, group = wandb_target(runs)
+    online = os.environ.get("WANDB_MODE", "").lower() in ("online", "run")
+    name = f"verdicts-{result['factor']}-vs-{label(result['baseline'])}"
+    config = {k: v for k, v in result.items() if k not in ("comparisons", "notes", "left_out", "plan")}
+    kwargs = dict(project=project, group=group, job_type="report", name=name, dir=str(out), config=config,
+                  settings=wandb.Settings(silent=True, init_timeout=30))
+    try:
+        run = wandb.init(mode="online" if online else "offline", **kwargs)
+    except Exception as err:  # no network, no key: keep the report, offline
+        log.warning(f"W&B could not start online ({type(err).__name__}: {err}); logging offline instead.")
+        run = wandb.init(mode="offline", **kwargs)
+    table = wandb.Table(columns=list(TABLE), data=table_rows(result), allow_mixed_types=True)
+    run.log({"verdicts": table, "verdicts_forest_plot": wandb.Image(str(out / FILES[2]))})
+    run.summary.update({f"verdict/{label(c['arm'])}" + (f" ({_stratum(c)})" if c["stratum"] else ""): c["verdict"]
+                        for c in result["comparisons"]})
+    folder = Path(run.dir).parent
+    where = f"offline run {run.id} in {folder}; upload it with: wandb sync {folder}" if not online else run.url
+    run.finish()
+    print(f"W&B: {where}")
+    return folder

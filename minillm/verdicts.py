@@ -1,0 +1,166 @@
+"""The statistics of a comparison, on plain numbers (no runs, no files): intervals, tests, the verdict rule.
+
+Every distribution comes from scipy.stats. A difference is always ``arm - baseline`` in the metric's units.
+
+    paired_t(arm, baseline, alpha)     t interval and p of the mean paired difference (scipy.stats.ttest_rel)
+    welch_t(arm, baseline, alpha)      Welch's t interval and p of the difference of means (ttest_ind, equal_var=False)
+    bootstrap(arm, baseline, alpha, paired)  BCa bootstrap interval of the same difference (seeded: reproducible)
+    exact_ci(k, n, alpha)              Clopper-Pearson interval of a failure rate (binomtest(...).proportion_ci)
+    fisher_p(k_arm, n_arm, k_base, n_base)   Fisher's exact test (two-sided) of two failure counts
+    holm(pvalues)                      Holm's step-down adjustment of a family of p-values
+    verdict(low, high, margin, higher_is_better)   the verdict vocabulary (VERDICTS)
+    seeds_needed(diff, sd, margin, alpha)          pairs a paired t interval would need to decide
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+VERDICTS = {
+    "equivalent": "the whole interval lies inside (-margin, +margin): any difference is too small to matter",
+    "better": "not equivalent, and the whole interval is on the better side of 0 (below 0 when lower is better)",
+    "worse": "not equivalent, and the whole interval is on the worse side of 0",
+    "inconclusive": "the interval crosses 0 and reaches beyond the margin (or there is no interval): more seeds, "
+                    "or a larger margin, would be needed to decide",
+}
+BOOTSTRAP_MIN_N = 8  # a bootstrap interval is computed from this many differences (or runs per arm) on
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0
+
+
+def _interval(diff: float, sd: float, n: int, test: Callable[[], Any], alpha: float, method: str) -> dict:
+    """The common fields of a t interval; a zero spread gives the point interval [diff, diff]."""
+    if sd == 0.0:
+        low = high = diff
+        p = 1.0 if diff == 0.0 else 0.0
+    else:
+        result = test()
+        ci = result.confidence_interval(confidence_level=1.0 - alpha)
+        low, high, p = float(ci.low), float(ci.high), float(result.pvalue)
+    return {"diff": diff, "ci_low": low, "ci_high": high, "p": p, "sd": sd, "n": n, "method": method}
+
+
+def _empty(diff: float | None, sd: float | None, n: int, method: str) -> dict:
+    return {"diff": diff, "ci_low": None, "ci_high": None, "p": None, "sd": sd, "n": n, "method": method}
+
+
+def paired_t(arm: Sequence[float], baseline: Sequence[float], alpha: float = 0.05) -> dict:
+    """The mean of the paired differences arm[i] - baseline[i], its (1 - alpha) t interval and the two-sided p of
+    "the mean difference is 0" (scipy.stats.ttest_rel). Returns {diff, ci_low, ci_high, p, sd (of the
+    differences), n, method}; with fewer than 2 pairs the interval and p are None."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    d = a - b
+    n = len(d)
+    if n < 2:
+        return _empty(float(d.mean()) if n else None, None, n, "paired t")
+    sd = float(d.std(ddof=1))
+    return _interval(float(d.mean()), sd, n, lambda: stats.ttest_rel(a, b), alpha, "paired t")
+
+
+def welch_t(arm: Sequence[float], baseline: Sequence[float], alpha: float = 0.05) -> dict:
+    """mean(arm) - mean(baseline), Welch's (1 - alpha) t interval (unequal variances) and its two-sided p
+    (scipy.stats.ttest_ind, equal_var=False). ``sd`` is sqrt(var(arm) + var(baseline)): the spread of the
+    difference of one arm run and one baseline run. Fewer than 2 runs in either arm: no interval."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    n = min(len(a), len(b))
+    if n < 2:
+        diff = float(a.mean() - b.mean()) if len(a) and len(b) else None
+        return _empty(diff, None, n, "Welch t")
+    sd = math.sqrt(float(a.var(ddof=1) + b.var(ddof=1)))
+    return _interval(float(a.mean() - b.mean()), sd, n, lambda: stats.ttest_ind(a, b, equal_var=False),
+                     alpha, "Welch t")
+
+
+def bootstrap(arm: Sequence[float], baseline: Sequence[float], alpha: float = 0.05,
+              paired: bool = True) -> tuple[float, float] | None:
+    """The BCa bootstrap (1 - alpha) interval of the mean paired difference (paired) or of the difference of
+    means (two independent samples), BOOTSTRAP_RESAMPLES resamples from a fixed seed, so the same numbers give
+    the same interval. None below BOOTSTRAP_MIN_N differences (or runs in either arm)."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    if min(len(a), len(b)) < BOOTSTRAP_MIN_N:
+        return None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    if paired:
+        d = a - b
+        if np.ptp(d) == 0.0:
+            return float(d[0]), float(d[0])
+        res = stats.bootstrap((d,), np.mean, confidence_level=1.0 - alpha, n_resamples=BOOTSTRAP_RESAMPLES,
+                              method="BCa", rng=rng)
+    else:
+        if np.ptp(a) == 0.0 and np.ptp(b) == 0.0:
+            return float(a[0] - b[0]), float(a[0] - b[0])
+
+        def diff_of_means(x, y, axis=-1):
+            return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+
+        res = stats.bootstrap((a, b), diff_of_means, confidence_level=1.0 - alpha, n_resamples=BOOTSTRAP_RESAMPLES,
+                              method="BCa", rng=rng)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def exact_ci(k: int, n: int, alpha: float = 0.05) -> tuple[float, float] | None:
+    """Clopper-Pearson (exact) (1 - alpha) interval of a rate of k events in n runs; None when n = 0."""
+    if n == 0:
+        return None
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=1.0 - alpha, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def fisher_p(k_arm: int, n_arm: int, k_baseline: int, n_baseline: int) -> float | None:
+    """Two-sided p of Fisher's exact test of the 2x2 table [[k_arm, n_arm - k_arm], [k_base, n_base - k_base]];
+    None when an arm has no runs."""
+    if n_arm == 0 or n_baseline == 0:
+        return None
+    return float(stats.fisher_exact([[k_arm, n_arm - k_arm], [k_baseline, n_baseline - k_baseline]]).pvalue)
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment: with the m non-missing p-values sorted, p_(i) becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)); it controls the family-wise error rate at alpha. None stays None,
+    outside the family."""
+    present = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    out: list[float | None] = [None] * len(pvalues)
+    running, m = 0.0, len(present)
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def verdict(low: float | None, high: float | None, margin: float, higher_is_better: bool = False) -> str:
+    """``equivalent`` when -margin < low and high < margin; else ``better`` / ``worse`` when the interval lies
+    wholly on one side of 0 (below 0 is better when lower is better); else ``inconclusive`` (also without an
+    interval). VERDICTS says what each word means."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return "inconclusive"
+    if -margin < low and high < margin:
+        return "equivalent"
+    if high < 0 or low > 0:
+        return "better" if (high < 0) != higher_is_better else "worse"
+    return "inconclusive"
+
+
+def significant(low: float | None, high: float | None) -> bool:
+    """The interval excludes 0."""
+    return low is not None and high is not None and (high < 0 or low > 0)
+
+
+def seeds_needed(diff: float | None, sd: float | None, margin: float, alpha: float = 0.05,
+                 max_n: int = 100_000) -> int | None:
+    """The smallest number of pairs n >= 2 for which a paired t interval, with the observed mean difference
+    ``diff`` and standard deviation ``sd`` of the differences, would decide: its half-width
+    h(n) = t(1 - alpha/2, n - 1) * sd / sqrt(n) satisfies |diff| > h(n) (the interval excludes 0: better or
+    worse) or |diff| + h(n) < margin (it fits inside the margin: equivalent). A planning number, not a promise:
+    the next seeds will not show exactly the observed mean and spread. None without a spread (fewer than 2
+    differences) or beyond max_n."""
+    if diff is None or sd is None or not math.isfinite(sd):
+        return None
+    n = np.arange(2, max_n + 1)
+    half = stats.t.ppf(1.0 - alpha / 2.0, n - 1) * sd / np.sqrt(n)
+    decided = (abs(diff) > half) | (abs(diff) + half < margin)
+    return int(n[np.argmax(decided)]) if decided.any() else None

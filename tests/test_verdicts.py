@@ -1,0 +1,264 @@
+"""minillm/verdicts.py (the statistics, against known answers) and minillm/compare.py (a sweep's runs -> verdicts) on
+synthetic sweeps with planted effects: each test plants an effect that the wrong method would call differently."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from minillm.compare import CompareError, compare, strata_keys, tuning_loss
+from minillm.report import find_runs
+from minillm.verdicts import bootstrap, exact_ci, fisher_p, holm, paired_t, seeds_needed, verdict, welch_t
+
+LOSS_INIT, UNIGRAM = math.log(65), 3.0
+LRS = (1e-3, 3e-3, 1e-2, 3e-2)
+SEEDS = tuple(range(8))
+SEED_EFFECT = (0.12, -0.15, 0.05, 0.2, -0.08, -0.18, 0.1, -0.06)  # shared by every arm of a seed: sd 0.14
+LR_SHAPE = {1e-3: 0.1, 3e-3: 0.0, 1e-2: 0.15, 3e-2: 0.6}  # best at 3e-3, inside the grid
+SCALENORM_SHAPE = {1e-3: 0.4, 3e-3: 0.2, 1e-2: 0.0, 3e-2: 0.1}  # best at 1e-2: tuned, as good as the baseline
+POWERNORM_DIFFS = (0.05, -0.02, 0.04, -0.03, 0.06, 0.0, -0.01, 0.03)  # mean +0.015, sd 0.033: undecided
+DYT_DIVERGED = (1, 4, 6)  # seeds whose dyt runs diverge (at every lr)
+
+
+def run(norm: str, lr: float, seed: int, final: float | None, **extra) -> dict:
+    """A summary.json as RunSummary writes it (the fields the comparison reads)."""
+    diverged = final is None
+    final = None if diverged else float(final)
+    summary = {"name": "planted", "norm": norm, "placement": "pre", "lr": lr, "seed": seed, "warmup_steps": 40,
+               "precision": "32-true", "n_layers": 2, "dim": 32, "vocab_size": 65, "loss_init": LOSS_INIT,
+               "unigram_loss": UNIGRAM, "status": "diverged" if diverged else "completed",
+               "final_val_loss": final, "best_val_loss": final, "test_loss": None, "diverged": diverged,
+               "failed": diverged or final >= UNIGRAM, "started_at": "2026-11-20T10:00:00+00:00",
+               "git_commit": "0123456789abcdef", "git_dirty": False, "torch_version": "2.13.0+cpu",
+               "cpu_capability": "AVX2"}
+    return {**summary, **extra}
+
+
+def planted_runs() -> list[dict]:
+    """norm layernorm (the baseline), rmsnorm (+0.004, seen only when paired), scalenorm (as good, at its own lr),
+    dyt (+0.1, 3 of 8 seeds diverge), powernorm (+0.015 with a spread that decides nothing): 4 lrs x 8 seeds."""
+    noise = np.random.default_rng(0).normal(0, 0.002, size=(5, len(SEEDS)))
+    runs = []
+    for lr in LRS:
+        for s in SEEDS:
+            base = 2.0 + SEED_EFFECT[s] + noise[0, s]
+            runs.append(run("layernorm", lr, s, base + LR_SHAPE[lr]))
+            runs.append(run("rmsnorm", lr, s, base + 0.004 + LR_SHAPE[lr] + noise[1, s]))
+            runs.append(run("scalenorm", lr, s, base + SCALENORM_SHAPE[lr] + noise[2, s]))
+            runs.append(run("dyt", lr, s, None if s in DYT_DIVERGED else base + 0.1 + LR_SHAPE[lr] + noise[3, s]))
+            runs.append(run("powernorm", lr, s, base + POWERNORM_DIFFS[s] + LR_SHAPE[lr]))
+    return runs
+
+
+def write_sweep(root: Path, runs: list[dict]) -> Path:
+    """Run folders as a sweep leaves them (<root>/<job>/summary.json)."""
+    for i, summary in enumerate(runs):
+        (root / str(i)).mkdir(parents=True)
+        (root / str(i) / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+@pytest.fixture
+def planted(tmp_path) -> Path:
+    return write_sweep(tmp_path / "planted", planted_runs())
+
+
+def by_arm(result: dict) -> dict:
+    return {c["arm"]: c for c in result["comparisons"]}
+
+
+# --- the statistics, known answers --------------------------------------------------------------------------------
+
+
+def test_paired_and_welch_t_intervals_known_answers():
+    # differences 0.01, 0.03, 0.02: mean 0.02, sd 0.01, t(0.975, 2) = 4.302653 -> half-width 0.0248414
+    got = paired_t([2.01, 2.03, 2.02], [2.0, 2.0, 2.0])
+    assert got["diff"] == pytest.approx(0.02) and got["sd"] == pytest.approx(0.01) and got["n"] == 3
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((0.02 - 0.0248414, 0.02 + 0.0248414), abs=1e-6)
+    assert got["p"] == pytest.approx(0.07418, abs=1e-4)
+    # Welch: [1, 2, 3] vs [2, 3, 5]: se^2 = 1/3 + 7/9, df = (10/9)^2 / ((1/3)^2/2 + (7/9)^2/2) = 3.5385
+    got = welch_t([1, 2, 3], [2, 3, 5])
+    se, df = math.sqrt(1 / 3 + 7 / 9), (10 / 9) ** 2 / ((1 / 3) ** 2 / 2 + (7 / 9) ** 2 / 2)
+    half = stats.t.ppf(0.975, df) * se
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((-4 / 3 - half, -4 / 3 + half))
+    assert paired_t([2.0], [1.0])["ci_low"] is None and welch_t([1.0], [1.0, 2.0])["p"] is None
+    same = paired_t([2.5, 2.6, 2.7], [2.5, 2.6, 2.7])  # identical runs (the same kernels): a zero-width interval
+    assert (same["ci_low"], same["ci_high"], same["p"]) == (0.0, 0.0, 1.0)
+
+
+def test_exact_failure_intervals_fisher_and_holm_known_answers():
+    assert exact_ci(0, 10) == pytest.approx((0.0, 1 - 0.025 ** (1 / 10)))  # Clopper-Pearson at k = 0
+    assert exact_ci(3, 8) == pytest.approx((0.085233, 0.755136), abs=1e-6)
+    assert exact_ci(0, 0) is None
+    assert fisher_p(6, 10, 0, 10) == pytest.approx(0.010836, abs=1e-6)  # twice S7's one-sided 0.0054
+    assert fisher_p(3, 8, 0, 8) == pytest.approx(0.2)
+    # Holm: sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    assert holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]
+
+
+def test_the_verdict_vocabulary():
+    assert verdict(-0.01, 0.015, 0.02) == "equivalent"
+    assert verdict(0.005, 0.015, 0.02) == "equivalent"  # significant, and too small to matter
+    assert verdict(-0.09, -0.03, 0.02) == "better" and verdict(-0.09, -0.03, 0.02, higher_is_better=True) == "worse"
+    assert verdict(0.01, 0.05, 0.02) == "worse"
+    assert verdict(-0.01, 0.05, 0.02) == "inconclusive" and verdict(None, None, 0.02) == "inconclusive"
+    assert verdict(-0.02, 0.01, 0.02) == "inconclusive"  # the margin is open: -0.02 is not inside it
+
+
+def test_seeds_needed_is_the_smallest_n_whose_interval_decides():
+    diff, sd, margin = 0.015, 0.033, 0.02
+
+    def decides(n):
+        half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        return abs(diff) > half or abs(diff) + half < margin
+
+    n = seeds_needed(diff, sd, margin)
+    assert decides(n) and not any(decides(k) for k in range(2, n)) and n == 22
+    assert seeds_needed(0.0, 0.01, 0.02) == 4  # t(0.975, 3) * 0.01 / 2 = 0.0159 < 0.02; n = 3: 0.0248
+    assert seeds_needed(0.0, 0.0, 0.02) == 2 and seeds_needed(0.01, None, 0.02) is None
+
+
+def test_bootstrap_interval_is_seeded_and_needs_8_differences():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(2.0, 0.1, 10), rng.normal(2.0, 0.1, 10)
+    first = bootstrap(a, b)
+    assert first == bootstrap(a, b)  # the same numbers, the same interval
+    lo, hi = first
+    t = paired_t(a, b)
+    assert lo < t["diff"] < hi and abs((hi - lo) - (t["ci_high"] - t["ci_low"])) < 0.5 * (t["ci_high"] - t["ci_low"])
+    assert bootstrap(a[:7], b[:7]) is None and bootstrap(a, b, paired=False) != first
+
+
+# --- the comparison of a sweep, planted effects --------------------------------------------------------------------
+
+
+def test_pairing_by_seed_shows_equivalence_that_an_unpaired_interval_cannot(planted):
+    """rmsnorm = layernorm + 0.004 in every seed, under a seed effect (sd 0.14) both arms share."""
+    paired = by_arm(compare(find_runs(planted), "norm", "layernorm"))["rmsnorm"]
+    assert paired["paired_by"] == "seed" and paired["n_pairs"] == 8 and paired["ci_method"] == "paired t"
+    assert paired["diff"] == pytest.approx(0.004, abs=0.002)
+    assert -0.02 < paired["ci_low"] < paired["ci_high"] < 0.02 and paired["verdict"] == "equivalent"
+    assert paired["bootstrap_interval"] is not None and paired["informative"] and paired["warnings"] == []
+    unpaired = by_arm(compare(find_runs(planted), "norm", "layernorm", paired_by="none"))["rmsnorm"]
+    assert unpaired["ci_method"] == "Welch t" and unpaired["n_pairs"] is None
+    assert unpaired["diff"] == pytest.approx(paired["diff"])  # the same difference, a 20x wider interval
+    assert unpaired["ci_high"] - unpaired["ci_low"] > 20 * (paired["ci_high"] - paired["ci_low"])
+    assert unpaired["ci_low"] < -0.02 and unpaired["ci_high"] > 0.02 and unpaired["verdict"] == "inconclusive"
+
+
+def test_each_arm_at_its_own_tuned_lr_gives_the_right_effect_size(planted):
+    """scalenorm is as good as layernorm at its own best lr (1e-2), and 0.2 worse at layernorm's (3e-3)."""
+    tuned = by_arm(compare(find_runs(planted), "norm", "layernorm"))["scalenorm"]
+    assert (tuned["arm_lr"], tuned["baseline_lr"]) == (1e-2, 3e-3)
+    assert tuned["diff"] == pytest.approx(0.0, abs=0.003) and tuned["verdict"] == "equivalent"
+    assert tuned["arm_lr_grid"]["0.01"] == pytest.approx(2.0 + np.mean(SEED_EFFECT), abs=0.002)
+    common = by_arm(compare(find_runs(planted), "norm", "layernorm", lr="common"))["scalenorm"]
+    assert (common["arm_lr"], common["baseline_lr"]) == (3e-3, 3e-3)  # the lowest mean over the five norms
+    assert common["diff"] == pytest.approx(0.2, abs=0.003) and common["verdict"] == "worse"
+    fixed = by_arm(compare(find_runs(planted), "norm", "layernorm", lr=1e-2))["scalenorm"]
+    assert (fixed["arm_lr"], fixed["baseline_lr"]) == (1e-2, 1e-2) and fixed["verdict"] == "better"
+
+
+def test_diverged_runs_are_counted_with_exact_tests_and_left_out_of_the_pairs(planted):
+    dyt = by_arm(compare(find_runs(planted), "norm", "layernorm"))["dyt"]
+    assert dyt["arm_lr"] == 3e-3  # diverged runs count as ln V at every lr: the best lr stays
+    assert (dyt["fail_arm"], dyt["n_arm"], dyt["fail_baseline"], dyt["n_baseline"]) == (3, 8, 0, 8)
+    assert dyt["diverged_arm"] == 3 and dyt["fisher_p"] == pytest.approx(0.2)
+    assert dyt["fail_arm_ci"] == pytest.approx(exact_ci(3, 8)) and dyt["fail_baseline_ci"][0] == 0.0
+    assert dyt["n_pairs"] == 5 and dyt["pairs_left_out"] == 3 and dyt["seeds"] == [0, 2, 3, 5, 7]
+    assert dyt["diff"] == pytest.approx(0.1, abs=0.003) and dyt["verdict"] == "worse" and dyt["significant"]
+
+
+def test_an_undecided_arm_is_inconclusive_with_the_seeds_a_decision_needs(planted):
+    result = compare(find_runs(planted), "norm", "layernorm")
+    pn = by_arm(result)["powernorm"]
+    d = np.array(POWERNORM_DIFFS)
+    assert pn["diff"] == pytest.approx(d.mean()) and pn["verdict"] == "inconclusive" and not pn["significant"]
+    half = stats.t.ppf(0.975, 7) * d.std(ddof=1) / math.sqrt(8)
+    assert (pn["ci_low"], pn["ci_high"]) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert pn["seeds_needed"] == seeds_needed(d.mean(), d.std(ddof=1), 0.02) == 23
+    assert by_arm(result)["rmsnorm"]["seeds_needed"] is None  # decided
+    ps = [c["p"] for c in result["comparisons"]]
+    assert [c["p_holm"] for c in result["comparisons"]] == pytest.approx(holm(ps))
+    assert [c["arm"] for c in result["comparisons"]] == ["dyt", "powernorm", "rmsnorm", "scalenorm"]
+
+
+def test_a_config_key_that_varies_within_an_arm_splits_strata(tmp_path):
+    runs = [run(n, 1e-3, s, 2.0 + 0.1 * (p == "post") + 0.05 * (n == "rmsnorm") + 0.01 * s, placement=p,
+                norm_options={"norm": n}) for n in ("layernorm", "rmsnorm") for p in ("pre", "post") for s in range(3)]
+    assert strata_keys(runs, "norm") == ["placement"]  # norm_options follows the norm: no stratum of its own
+    result = compare(find_runs(write_sweep(tmp_path / "s", runs)), "norm", "layernorm")
+    assert [(c["stratum"], c["verdict"]) for c in result["comparisons"]] == [
+        ({"placement": "post"}, "worse"), ({"placement": "pre"}, "worse")]
+    assert all(c["diff"] == pytest.approx(0.05) for c in result["comparisons"])
+
+
+def test_warnings_that_make_a_verdict_not_informative():
+    few = [run(n, 1e-3, s, 2.0 + 0.01 * s) for n in ("layernorm", "rmsnorm") for s in range(2)]
+    (c,) = compare(few, "norm", "layernorm")["comparisons"]
+    assert not c["informative"] and any("only 2 pairs (fewer than 3)" in w for w in c["warnings"])
+    stalled = [run("layernorm", 1e-3, s, 2.0) for s in range(4)] + [run("rmsnorm", 1e-3, s, 3.01) for s in range(4)]
+    (c,) = compare(stalled, "norm", "layernorm")["comparisons"]
+    assert c["fail_arm"] == 4 and c["verdict"] == "inconclusive" and not c["informative"]
+    assert any("every run of the arm failed or stalled at the unigram loss" in w for w in c["warnings"])
+    kernels = [run("layernorm", 1e-3, s, 2.0 + 0.01 * s) for s in range(4)] + [
+        run("rmsnorm", 1e-3, s, 2.003 + 0.01 * s + 0.0001 * s, cpu_capability="AVX512") for s in range(4)]
+    (c,) = compare(kernels, "norm", "layernorm")["comparisons"]
+    assert c["verdict"] == "equivalent" and not c["informative"]
+    assert any("different CPU kernels (AVX512 vs AVX2)" in w and "not informative" in w for w in c["warnings"])
+    edge = [run(n, lr, s, 2.0 + lr + 0.01 * s) for n in ("layernorm", "rmsnorm") for lr in (1e-3, 1e-2)
+            for s in range(3)]
+    (c,) = compare(edge, "norm", "layernorm")["comparisons"]
+    assert sum("is the lowest of its grid" in w for w in c["warnings"]) == 2 and c["informative"]
+
+
+def test_tuning_loss_is_the_outcome_rule():
+    assert tuning_loss(run("x", 1e-3, 0, None), "final_val_loss") == LOSS_INIT  # diverged
+    assert tuning_loss(run("x", 1e-3, 0, 3.2), "final_val_loss") == LOSS_INIT  # stalled above the unigram loss
+    assert tuning_loss(run("x", 1e-3, 0, 2.0, test_loss=1.9), "test_loss") == 1.9
+    assert tuning_loss(run("x", 1e-3, 0, 2.0, tokens_per_s=9.0), "tokens_per_s") == 2.0  # lr tuned on a loss
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"factor": "warmup"}, "--compare: unknown factor 'warmup', not a key of the runs' summary.json; allowed: norm"),
+    ({"factor": "placement"}, "--compare: placement does not vary (every run has pre); allowed: norm"),
+    ({"factor": "seed"}, "--compare: seed cannot be the factor"),
+    ({"baseline": "batchnorm"}, "--baseline: 'batchnorm' is not a value of norm; allowed: dyt, layernorm, powernorm"),
+    ({"metric": "val_bpb"}, "--metric: 'val_bpb' has no value in the runs' summary.json; allowed: best_val_loss, "),
+    ({"margin": 0.0}, "--margin: 0.0 is invalid; allowed: a number > 0"),
+    ({"alpha": 1.0}, "--alpha: 1.0 is invalid; allowed: a number in (0, 1)"),
+    ({"lr": 5e-3}, "--lr: 0.005: dyt has no run at that lr (its lrs: 0.001, 0.003, 0.01, 0.03)"),
+])
+def test_requests_the_runs_cannot_answer_name_the_option_and_what_is_allowed(kwargs, message):
+    args = {"factor": "norm", "baseline": "layernorm", **kwargs}
+    with pytest.raises(CompareError) as err:
+        compare(planted_runs(), args.pop("factor"), args.pop("baseline"), **args)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_common_lr_refuses_arms_that_share_no_lr():
+    runs = [run("layernorm", 1e-3, s, 2.0) for s in range(3)] + [run("rmsnorm", 3e-3, s, 2.0) for s in range(3)]
+    with pytest.raises(CompareError, match="--lr: common: no lr was run by every value"):
+        compare(runs, "norm", "layernorm", lr="common")
+    assert compare(runs, "norm", "layernorm")["comparisons"][0]["arm_lr"] == 3e-3  # tuned: each its own
+
+
+def test_a_higher_is_better_metric_and_the_bootstrap_interval(planted):
+    """tokens/s, 10% higher for rmsnorm: better when higher is better (the lr still tuned on the loss), and with
+    interval=bootstrap the verdict's interval is the seeded BCa one."""
+    runs = [{**r.summary, "tokens_per_s": 1000.0 * (1.1 if r.get("norm") == "rmsnorm" else 1.0) + r.get("seed")}
+            for r in find_runs(planted)]
+    rms = by_arm(compare(runs, "norm", "layernorm", metric="tokens_per_s", margin=20.0, higher_is_better=True))
+    assert rms["rmsnorm"]["diff"] == pytest.approx(100.0) and rms["rmsnorm"]["verdict"] == "better"
+    assert rms["scalenorm"]["arm_lr"] == 1e-2  # tuned on the final val loss, not on the speed
+    assert rms["dyt"]["fail_arm"] == 3 and rms["powernorm"]["verdict"] == "equivalent"
+    boot = by_arm(compare(find_runs(planted), "norm", "layernorm", interval="bootstrap"))["powernorm"]
+    assert boot["ci_method"] == "paired bootstrap (BCa)"
+    assert [boot["ci_low"], boot["ci_high"]] == boot["bootstrap_interval"] != boot["t_interval"]
+    assert boot["ci_high"] - boot["ci_low"] < boot["t_interval"][1] - boot["t_interval"][0]  # too narrow at n = 8
