@@ -10,6 +10,8 @@ the model's code (minillm/distributed.py) uses this module too.
 
 from __future__ import annotations
 
+import sys
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +28,15 @@ def all_reduce_sum_differentiable(t: Tensor) -> Tensor:
     from torch.distributed import _functional_collectives as funcol
 
     return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", dist.group.WORLD))
+
+
+def eager_stance() -> AbstractContextManager:
+    """Run compiled modules eagerly inside the block (``torch.compiler.set_stance``). Only a process that imported
+    the compiler (``torch._dynamo`` in sys.modules; importing it costs ~2 s) can hold a compiled module, so
+    elsewhere this is a no-op that imports nothing."""
+    if "torch._dynamo" not in sys.modules:
+        return nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def grad_scaler_scale(scaler: torch.amp.GradScaler) -> Tensor | None:

@@ -18,16 +18,13 @@ import fsspec
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 
-from minillm.config import ConfigError
+from minillm.errors import CheckpointError
 from minillm.model import ModelConfig
+from minillm.norms import canonical_norms
+from minillm.optim import schedule_settings
 
 log = logging.getLogger("minillm")
 
-INTERCHANGEABLE_NORMS = {"rmsnorm", "fused_rmsnorm"}  # same state_dict, same function
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint file that cannot be read, or does not match the run that tries to resume from it."""
 
 
 # --- checkpoint files ---------------------------------------------------------------------------------
@@ -118,16 +115,11 @@ _FIELD_DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING els
 
 
 def _canonical(model: dict) -> dict:
-    """rmsnorm and fused_rmsnorm count as the same norm (also in per-layer overrides); norm_options.sync
+    """The norms by canonical name (fused_rmsnorm is rmsnorm: minillm.norms.canonical_norm); norm_options.sync
     (pool BatchNorm statistics over DDP processes) changes neither the weights nor one process's function."""
-    def norm(name: Any) -> Any:
-        return "rmsnorm" if name in INTERCHANGEABLE_NORMS else name
-
-    out = {**_FIELD_DEFAULTS, **model, "norm": norm(model.get("norm"))}  # a field added since: its default
+    out = canonical_norms({**_FIELD_DEFAULTS, **model})  # a field added since: its default
     if isinstance(out.get("norm_options"), dict):
         out["norm_options"] = {k: v for k, v in out["norm_options"].items() if k != "sync"}
-    if out.get("layers"):
-        out["layers"] = [{**s, **({"norm": norm(s["norm"])} if "norm" in s else {})} for s in out["layers"]]
     return out
 
 
@@ -178,8 +170,6 @@ def check_resume(ckpt_path: str | os.PathLike, model: dict, settings: dict | Non
     check_model_config(hparams.get("model"), model, source)
     saved = hparams.get("run_settings")
     if settings is not None and saved is not None:
-        from minillm.lit_module import schedule_settings  # here: minillm.lit_module imports this module
-
         saved = {**saved, "scheduler": schedule_settings(saved.get("scheduler"))}  # as run_settings stores it now
         diffs = settings_diff(saved, settings)
         if diffs:

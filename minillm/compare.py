@@ -406,5 +406,5 @@ VERDICTS_FIELDS = ("arm", "baseline", "stratum", "arm_lr", "baseline_lr", "n_pai
 
 
 def _ordered(c: dict) -> dict:
-    """The issue's fields first, in their order, then the extras."""
+    """The documented fields of verdicts.json first, in their order, then the extras."""
     return {**{k: c[k] for k in VERDICTS_FIELDS}, **{k: v for k, v in c.items() if k not in VERDICTS_FIELDS}}

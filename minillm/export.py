@@ -26,8 +26,8 @@ from torch import Tensor
 from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer
 from minillm.hub import MinillmHub, load_checkpoint
 from minillm.model import ModelConfig, Transformer
+from minillm.norms import canonical_norm
 
-LLAMA_NORMS = ("rmsnorm", "fused_rmsnorm")
 LLAMA_NORM_OPTIONS = {"cast": "llama", "eps_mode": "inside", "zero_centered": False, "affine": True}
 WHY = {"cast": "Llama casts to the input dtype before the gain", "eps_mode": "Llama adds eps inside the sqrt",
        "zero_centered": "Llama stores the gain itself", "affine": "Llama has a learnable gain"}
@@ -44,7 +44,7 @@ def llama_incompatibilities(model: dict) -> list[str]:
     """Each ModelConfig field (of a ModelConfig dict) whose value LlamaForCausalLM cannot express, with why."""
     cfg = {**ModelConfig().to_dict(), **model}
     out = []
-    if cfg["norm"] not in LLAMA_NORMS:
+    if canonical_norm(cfg["norm"]) != "rmsnorm":
         out.append(f"norm={cfg['norm']} (Llama uses RMSNorm)")
     options = cfg["norm_options"] or {}
     for key, want in LLAMA_NORM_OPTIONS.items():
@@ -53,7 +53,7 @@ def llama_incompatibilities(model: dict) -> list[str]:
     if cfg["placement"] != "pre":
         out.append(f"placement={cfg['placement']} (Llama is Pre-LN)")
     odd = [i for i, s in enumerate(cfg["layers"] or [])
-           if s.get("placement", cfg["placement"]) != "pre" or s.get("norm", cfg["norm"]) not in LLAMA_NORMS]
+           if s.get("placement", cfg["placement"]) != "pre" or canonical_norm(s.get("norm", cfg["norm"])) != "rmsnorm"]
     if odd:
         out.append(f"layers={[cfg['layers'][i] for i in odd]} at {odd} (Llama's layers are all Pre-LN RMSNorm)")
     if cfg["qk_norm"] != "none":

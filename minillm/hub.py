@@ -13,19 +13,12 @@ from typing import Any
 import torch
 from huggingface_hub import PyTorchModelHubMixin
 
-from minillm.checkpointing import INTERCHANGEABLE_NORMS, CheckpointError
 from minillm.data import Tokenizer, tokenizer_from_state
+from minillm.errors import CheckpointError
 from minillm.model import ModelConfig, Transformer
+from minillm.norms import canonical_norms
 
 DATAMODULE_KEY = "TextDataModule"  # Lightning stores a datamodule's state_dict() under its class name
-
-
-def _unfused(model: dict) -> dict:
-    """The config with fused_rmsnorm as rmsnorm: same state_dict and function, and it runs without Triton."""
-    plain = lambda n: "rmsnorm" if n in INTERCHANGEABLE_NORMS else n  # noqa: E731
-    layers = model.get("layers")
-    layers = [{**s, **({"norm": plain(s["norm"])} if "norm" in s else {})} for s in layers] if layers else layers
-    return {**model, "norm": plain(model.get("norm")), "layers": layers}
 
 
 def _tokenizer_state(ckpt: dict) -> dict | None:
@@ -63,7 +56,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     if tok_state is None:
         raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: saved without its datamodule "
                               f"(checkpoint[{DATAMODULE_KEY!r}]['tokenizer'])")
-    model = Transformer(ModelConfig(**_unfused(model_cfg)))
+    model = Transformer(ModelConfig(**canonical_norms(model_cfg)))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)

@@ -14,7 +14,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from minillm.config import check_bool, check_int
+from minillm.errors import check_bool, check_int
+from minillm.metrics import BEST_IS_HIGH, BEST_IS_LOW, PER_SITE, parse_metric
 
 log = logging.getLogger("minillm")
 
@@ -80,10 +81,7 @@ class AppendingCSVLogger(CSVLogger):
         self.experiment.drop_from(step)
 
 
-SUMMARY_MIN = ("val/loss", "val/bpc", "val/bpb", "test/loss", "test/bpc", "test/bpb")  # W&B keeps the best
-SUMMARY_MAX = ("stab/grad_norm", "stab/max_abs_h", "stab/max_attn_logit", "stab/log_z_max", "stab/update_ratio",
-               "stab/output_change", "stab/loss_spike_score")  # ... and the worst
-PER_LAYER = ("layer/", "norm/")  # logged as depth-profile tables, not as one panel per layer and norm site
+PER_LAYER = tuple(f"{kind}/" for kind in PER_SITE)  # logged as depth-profile tables, not one panel per site
 
 
 class SafeWandbLogger(WandbLogger):
@@ -151,9 +149,9 @@ class SafeWandbLogger(WandbLogger):
         return run
 
     def _start(self, run) -> None:
-        for key in SUMMARY_MIN:
+        for key in BEST_IS_LOW:
             run.define_metric(key, summary="min")
-        for key in SUMMARY_MAX:
+        for key in BEST_IS_HIGH:
             run.define_metric(key, summary="max")
         if self._offline:
             folder = Path(run.dir).parent
@@ -208,7 +206,7 @@ def depth_profile(metrics: Mapping[str, float]) -> tuple[list[dict], list[dict]]
     layers: dict[int, dict] = {}
     sites: dict[str, dict] = {}
     for key, value in metrics.items():
-        kind, name, metric = key.split("/", 2) if key.count("/") >= 2 else (None, None, None)
+        kind, name, metric = parse_metric(key) or (None, None, None)
         if kind == "layer" and name.isdigit():
             layers.setdefault(int(name), {"layer": int(name)})[metric] = float(value)
         elif kind == "norm":

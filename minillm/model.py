@@ -7,15 +7,14 @@ Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
 from __future__ import annotations
 
 import math
-import sys
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minillm.config import ConfigError, check_bool, check_choice, check_int, check_number, invalid
+from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
+from minillm.generation import KVCache, generate
 from minillm.norms import NORMS, build_norm, norm_options
 
 BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
@@ -150,27 +149,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
 
-class KVCache:
-    """One layer's keys and values for generation: (B, Hkv, max_len, D) buffers, the first ``length`` filled."""
-
-    def __init__(self, max_len: int):
-        self.max_len, self.length = max_len, 0
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append k, v (B, Hkv, T, D) at positions length..length+T-1; return all of them (B, Hkv, length+T, D)."""
-        if self.k is None:
-            shape = (*k.shape[:2], self.max_len, k.shape[3])
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
-        end = self.length + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, {end} asked")
-        self.k[:, :, self.length:end], self.v[:, :, self.length:end] = k, v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-
 def at_positions(norm: nn.Module | None, start: int):
     """norm for an input whose first position is ``start``: norms with per-position statistics (BatchNorm,
     PowerNorm) index their rows from 0, so the input is left-padded with ``start`` zero positions (eval mode)."""
@@ -181,17 +159,6 @@ def at_positions(norm: nn.Module | None, start: int):
         pad = x.new_zeros(x.shape[0], start, x.shape[2])
         return norm(torch.cat((pad, x), dim=1))[:, start:]
     return shifted
-
-
-def sample_next(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
-    """Next token ids (B, 1) from fp32 logits (B, V): argmax when temperature <= 0, else top-k sampling."""
-    if temperature <= 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)  # (B, 1)
 
 
 class Attention(nn.Module):
@@ -387,34 +354,7 @@ class Transformer(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.tok_emb.weight.numel() if non_embedding and not self.cfg.tie_embeddings else n
 
-    @torch.no_grad()
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
-        """Continue idx (B, T) by max_new_tokens sampled tokens (greedy when temperature <= 0), in eval mode.
-
-        The context is the last max_seq_len tokens (a sliding window). use_cache: the context is run once
-        and each new token attends to the cached keys/values; once the window slides every position moves, so
-        the cache is rebuilt from the cropped context at each step. use_cache=False recomputes the context
-        at every step (the reference; same tokens).
-        """
-        was_training, L = self.training, self.cfg.max_seq_len
-        self.eval()  # batch-statistics norms use their running statistics
-        # a compiled model would recompile for every cache length; only a process that imported the compiler
-        # (importing it costs ~2 s) can hold a compiled model
-        stance = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
-        try:
-            with stance:
-                cache = None
-                for _ in range(max_new_tokens):
-                    if not use_cache:
-                        logits = self(idx[:, -L:])
-                    elif cache is None or cache[0].length == L:  # first step, or the window slides
-                        cache = self.new_cache()
-                        logits = self(idx[:, -L:], cache)
-                    else:
-                        logits = self(idx[:, -1:], cache)  # (B, 1, V)
-                    nxt = sample_next(logits[:, -1, :].float(), temperature, top_k, generator)  # (B, 1)
-                    idx = torch.cat((idx, nxt), dim=1)
-        finally:
-            self.train(was_training)
-        return idx
+        """Continue idx (B, T) by max_new_tokens sampled tokens (minillm.generation.generate)."""
+        return generate(self, idx, max_new_tokens, temperature, top_k, generator, use_cache)

@@ -6,7 +6,7 @@ dtype (an fp16 ``x**2`` overflows once |x| > ~256), names its parameters ``weigh
 
 Options shared where they make sense:
     eps_mode   "inside": (x - mu) / sqrt(var + eps)  (default, as torch and the papers)
-               "outside": (x - mu) / (std + eps)     (as seeds/002 writes it)
+               "outside": (x - mu) / (std + eps)     (as some from-scratch write-ups do)
     affine     learnable gain (and bias where the norm has one)
     bias       learnable shift (LayerNorm, BatchNorm)
     zero_centered  store the gain as w - 1 (init 0), so weight decay pulls the gain towards 1
@@ -17,12 +17,13 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from minillm.config import ConfigError
 from minillm.distributed import batch_mean, global_mean_var, is_synced
+from minillm.errors import ConfigError
 
 EPS_MODES = ("inside", "outside")
 
@@ -128,6 +129,7 @@ class FusedRMSNorm(RMSNorm):
     """
 
     kernel = "triton"  # runs a compiled kernel (tests: tests/test_kernels.py, under the interpreter on a CPU)
+    same_as = "rmsnorm"  # same state_dict and function: checkpoints move between them (canonical_norm)
 
     def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
                  zero_centered: bool = False, cast: str = "llama"):
@@ -145,16 +147,16 @@ class FusedRMSNorm(RMSNorm):
 
 
 class BatchNorm(_AffineNorm):
-    """BatchNorm for (B, T, C) with running statistics (seeds/001) used in eval mode.
+    """BatchNorm for (B, T, C) with running statistics used in eval mode.
 
-    stats="position" (default, seeds/002): mean and variance over the batch for each (position, feature),
+    stats="position" (default): mean and variance over the batch for each (position, feature),
         so position t only ever sees position t of other sequences: a causal LM stays causal. Running
         statistics are kept per position, buffers of shape (max_seq_len, C); a step of length T updates
         rows 0..T-1 and eval at position t uses row t.
     stats="pooled": statistics over (batch, time) per feature, as nn.BatchNorm1d; running statistics of
         shape (C,). In training mode position t then depends on later tokens (a leak); it warns when built.
 
-    Running update, as seeds/001: r <- (1 - momentum) * r + momentum * batch_stat, with the *biased*
+    Running update: r <- (1 - momentum) * r + momentum * batch_stat, with the *biased*
     batch variance (nn.BatchNorm1d stores the unbiased one; the normalization itself is identical).
 
     sync=True: under DDP the batch statistics are those of every process's batch together (an all-reduce of
@@ -474,6 +476,20 @@ def norm_options(name: str) -> list[str]:
     """The keyword options a norm accepts besides dim and eps."""
     params = inspect.signature(NORMS[name].__init__).parameters
     return [p for p in params if p not in ("self", "dim", "eps")]
+
+
+def canonical_norm(name: Any) -> Any:
+    """The norm whose weights and function ``name`` has: fused_rmsnorm is rmsnorm. Checkpoints move between
+    them (resume checks), and tools that load a checkpoint (hub, export) build it as rmsnorm, which runs anywhere."""
+    cls = NORMS.get(name) if isinstance(name, str) else None
+    return getattr(cls, "same_as", None) or name
+
+
+def canonical_norms(model: dict) -> dict:
+    """A model config dict with every norm name canonical: norm, qk_norm and the per-layer overrides."""
+    layers = [{**s, **({"norm": canonical_norm(s["norm"])} if "norm" in s else {})} for s in model.get("layers") or []]
+    return {**model, "norm": canonical_norm(model.get("norm")), "qk_norm": canonical_norm(model.get("qk_norm")),
+            "layers": layers or model.get("layers")}
 
 
 def batch_statistics(name: str, options: dict) -> bool:

@@ -1,7 +1,5 @@
-"""What a run's numbers are called, and what its outcome is: defined once, for the callbacks that log and
-summarize, the report, and every study's analysis (DESIGN rule 11).
-
-The outcome (EXPERIMENTS.md, "Shared definitions"):
+"""What a run's outcome is: defined once, for the summary callback, the report, the comparison engine and every
+study's analysis (docs/definitions.md explains each).
 
     diverged  the divergence guard stopped the run (non-finite loss or weights, loss above its ceiling), or
               the final val loss is not finite, or it is >= ln V (the loss of a uniform prediction) after an
@@ -24,32 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-# --- metric names (logged by minillm.lit_module and minillm.callbacks; read by report and studies) -----------
-TRAIN_LOSS, TRAIN_LR, TRAIN_TOKENS, TRAIN_LOSS_WITH_Z = "train/loss", "train/lr", "train/tokens", "train/loss_with_z"
-VAL_LOSS, VAL_PPL, VAL_BPC = "val/loss", "val/ppl", "val/bpc"
-TEST_LOSS, TEST_PPL, TEST_BPC = "test/loss", "test/ppl", "test/bpc"
-GRAD_NORM, GRAD_NONFINITE = "stab/grad_norm", "stab/grad_nonfinite"
-UPDATE_RATIO, OUTPUT_CHANGE = "stab/update_ratio", "stab/output_change"
-MAX_ABS_H, MAX_ATTN_LOGIT = "stab/max_abs_h", "stab/max_attn_logit"
-LOG_Z_MEAN, LOG_Z_MAX = "stab/log_z_mean", "stab/log_z_max"
-LOSS_SPIKE_SCORE, LOSS_SPIKES = "stab/loss_spike_score", "stab/loss_spikes"
-AMP_SCALE, AMP_SKIPPED_STEPS = "stab/amp_scale", "stab/amp_skipped_steps"
-DIVERGED = "stab/diverged"
-TOKENS_PER_S, TOKENS_PER_S_DEVICE = "perf/tokens_per_s", "perf/tokens_per_s_device"
-FLOPS_PER_S_DEVICE, MFU, DATA_WAIT_FRAC = "perf/flops_per_s_device", "perf/mfu", "perf/data_wait_frac"
-
-
-def layer_metric(i: int, name: str) -> str:
-    """``layer/<i>/<name>``: grad_norm, update_ratio, resid_rms, resid_max, attn_logit_max."""
-    return f"layer/{i}/{name}"
-
-
-def norm_metric(site: str, name: str) -> str:
-    """``norm/<site>/<name>``: in_rms, in_max_fp16, gain_mean, gain_std, alpha, bn_mean_dist, bn_var_dist,
-    bn_mean_z, bn_var_z."""
-    return f"norm/{site}/{name}"
-
 
 # --- the outcome ---------------------------------------------------------------------------------------------
 
@@ -122,10 +94,3 @@ def final_loss(summary: Mapping[str, Any]) -> float | None:
     """The final val loss of a run that did not diverge; None for a diverged run or one without a finite one."""
     value = summary.get("final_val_loss")
     return None if summary.get("diverged") or not _finite(value) else float(value)
-
-
-def parse_metric(key: str) -> tuple[str, str, str] | None:
-    """``layer/<i>/<name>`` -> ("layer", "<i>", name), ``norm/<site>/<name>`` -> ("norm", "<site>", name)."""
-    kind, _, rest = key.partition("/")
-    inner, _, name = rest.rpartition("/")
-    return (kind, inner, name) if kind in ("layer", "norm") and inner and name and "/" not in inner else None

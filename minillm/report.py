@@ -10,7 +10,7 @@ sweep, seeds pooled; then LR sensitivity per norm x placement), ``report.json`` 
 ``lr_sensitivity.png``. With ``--compare`` (or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and
 ``verdicts.png`` (docs/comparing.md).
 
-LR sensitivity (Wortsman et al. 2023, EXPERIMENTS.md): with loss(lr) = the mean over seeds of
+LR sensitivity (Wortsman et al. 2023; docs/definitions.md): with loss(lr) = the mean over seeds of
 min(final val loss, loss_init) (a diverged or missing loss counts as loss_init = ln(vocab_size)),
 sensitivity = mean over the LR grid of [loss(lr) - min over the grid of loss(lr)].
 """
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minillm.outcome import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric, loss_for_comparison
+from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
+from minillm.outcome import loss_for_comparison
 
 GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)

@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from minillm.checkpointing import RESUME_FILES
-from minillm.config import ConfigError, check_name
+from minillm.errors import ConfigError, check_name
 
 
 def scheduler_id() -> str | None:
@@ -107,8 +107,8 @@ def hydra_subdir(output_dir: str) -> str:
 
 def choices(kind: str) -> str:
     """The allowed values of a key with fixed choices, for --help (from the code that checks them)."""
-    from minillm.lit_module import SCHEDULES
     from minillm.model import PLACEMENTS, QK_NORMS
+    from minillm.optim import SCHEDULES
     from minillm.train import PRECISIONS, TEST_WEIGHTS
 
     lists = {"placement": PLACEMENTS, "qk_norm": QK_NORMS, "schedule": SCHEDULES, "precision": PRECISIONS,

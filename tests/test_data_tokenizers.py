@@ -11,8 +11,8 @@ import torch
 from helpers import make_dm, mixed_text
 
 from minillm import data as D
-from minillm.config import ConfigError
 from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer
+from minillm.errors import ConfigError
 
 datasets.disable_progress_bars()
 TEXT = "Héllo, wörld! ✓ — 😀 naïve\nline two\ttab"

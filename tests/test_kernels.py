@@ -102,7 +102,7 @@ def test_odd_shapes(shape):
 
 @kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_5x123x123(dtype):  # the odd shape: ~5 s per dtype under the interpreter, so it runs in CI
+def test_5x123x123(dtype):  # an odd 3-D shape: ~5 s per dtype under the interpreter, so it runs in CI
     torch.manual_seed(2)
     _check(_randn(5, 123, 123, dtype=dtype), _weight(123, 0.0), _randn(5, 123, 123, dtype=dtype))
 

@@ -13,8 +13,9 @@ from helpers import V, compose_cfg, randn
 from hydra.utils import instantiate
 
 import minillm.train as train_script
-from minillm.lit_module import LitLM, lr_lambda
+from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
+from minillm.optim import lr_lambda
 
 
 def test_z_loss_is_ce_plus_coef_mean_log_z_squared_and_pulls_log_z_to_zero():

@@ -30,7 +30,7 @@ REFERENCES = {
     "rmsnorm": lambda x, m: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps) * m.weight.double(),
     "fused_rmsnorm": lambda x, m: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + m.eps) * m.weight.double(),
     "batchnorm": lambda x, m: ((x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + m.eps) * m.weight.double()
-                               + m.bias.double()),  # per-position batch statistics (seeds/002)
+                               + m.bias.double()),  # per-position batch statistics
     "none": lambda x, m: x,
     "dyt": lambda x, m: m.weight.double() * torch.tanh(m.alpha.double() * x) + m.bias.double(),
     "powernorm": lambda x, m: m.weight.double() * x / math.sqrt(1.0 + m.eps) + m.bias.double(),  # psi_0^2 = 1
@@ -104,7 +104,7 @@ def test_every_norm_takes_eps_mode_where_it_normalizes():
         assert "eps_mode" in norm_options(name)
 
 
-def test_parameter_counts_match_the_seed_table():
+def test_parameter_counts_per_norm():
     H = 64
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(build_norm("layernorm", H)) == 2 * H
@@ -118,14 +118,14 @@ def test_parameter_counts_match_the_seed_table():
 # --- LayerNorm ----------------------------------------------------------------------------------------
 
 
-def test_layernorm_worked_example_seed004():
+def test_layernorm_worked_example_by_hand():
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-1.0, -2.0, -3.0, -4.0]])
     y = build_norm("layernorm", 4, eps=0.0)(x[None])[0]
     expected = torch.tensor([[-1.342, -0.447, 0.447, 1.342], [1.342, 0.447, -0.447, -1.342]])
     torch.testing.assert_close(y, expected, atol=5e-4, rtol=0)
 
 
-def test_layernorm_uses_biased_variance_seed001():
+def test_layernorm_uses_the_biased_variance():
     x = randn(2, 3, 6)
     y = build_norm("layernorm", 6, eps=0.0)(x)
     biased = (x - x.mean(-1, keepdim=True)) / x.var(-1, unbiased=False, keepdim=True).sqrt()
@@ -150,7 +150,7 @@ def test_layernorm_matches_torch_forward_and_backward(shape):
     torch.testing.assert_close(ours.bias.grad, ref.bias.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_layernorm_gamma_beta_gradients_seed001():
+def test_layernorm_gain_and_bias_gradients_by_hand():
     """dbeta = sum(dy), dgamma = sum(dy * x_hat) over every position."""
     norm, x, dy = randomize(LayerNorm(12)), randn(4, 5, 12), randn(4, 5, 12, seed=3)
     (norm(x) * dy).sum().backward()
@@ -186,7 +186,7 @@ def test_rmsnorm_matches_torch_forward_and_backward(shape, eps):
     torch.testing.assert_close(ours.weight.grad, ref.weight.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_rmsnorm_is_llama_formula_seed000():
+def test_rmsnorm_is_the_llama_formula():
     x, norm = randn(2, 4, 10), randomize(RMSNorm(10, eps=1e-6))
     rms = torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(norm(x), x / rms * norm.weight)
@@ -225,7 +225,7 @@ def test_zero_centered_gain_stores_w_minus_one(name):
 
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "batchnorm"])
-def test_eps_outside_divides_by_std_plus_eps_seed002(name):
+def test_eps_outside_divides_by_std_plus_eps(name):
     eps, x = 0.1, randn(4, 3, 8) * 0.2
     norm = build_norm(name, 8, eps=eps, eps_mode="outside", **({"max_seq_len": 3} if name == "batchnorm" else {}))
     dims = {"layernorm": -1, "rmsnorm": -1, "batchnorm": 0}[name]
@@ -266,21 +266,21 @@ def test_low_precision_backward_matches_fp32(name, dtype):
 # --- BatchNorm ----------------------------------------------------------------------------------------
 
 
-def seed001_batchnorm_step(x, rm, rv, momentum, eps):
-    """seeds/001's CustomBatchNorm (training branch), rows = samples."""
+def reference_batchnorm_step(x, rm, rv, momentum, eps):
+    """A from-scratch BatchNorm training step (running statistics, biased variance), rows = samples."""
     mean, var = x.mean(0), x.var(0, unbiased=False)
     rm = (1 - momentum) * rm + momentum * mean
     rv = (1 - momentum) * rv + momentum * var
     return (x - mean) / torch.sqrt(var + eps), rm, rv
 
 
-def test_pooled_batchnorm_is_seed001_custom_batchnorm_and_warns():
+def test_pooled_batchnorm_is_a_from_scratch_batchnorm_and_warns():
     with pytest.warns(UserWarning, match="sees later tokens"):
         bn = BatchNorm(6, stats="pooled", momentum=0.2)
     rm, rv = torch.zeros(6), torch.ones(6)
     for k in range(4):
         x = randn(8, 1, 6, seed=k) * (k + 1)
-        ref, rm, rv = seed001_batchnorm_step(x[:, 0], rm, rv, 0.2, bn.eps)
+        ref, rm, rv = reference_batchnorm_step(x[:, 0], rm, rv, 0.2, bn.eps)
         torch.testing.assert_close(bn.train()(x)[:, 0], ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(bn.running_mean, rm)
     torch.testing.assert_close(bn.running_var, rv)
@@ -299,11 +299,11 @@ def test_pooled_batchnorm_normalizes_like_torch_batchnorm1d():
     torch.testing.assert_close(ours.train()(x), ref.train()(x.transpose(1, 2)).transpose(1, 2),
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours.running_mean, ref.running_mean)
-    n = 4 * 7  # torch keeps the unbiased running variance; ours keeps the biased one (seeds/001)
+    n = 4 * 7  # torch keeps the unbiased running variance; ours keeps the biased one
     torch.testing.assert_close(ours.running_var, 0.9 + (ref.running_var - 0.9) * (n - 1) / n)
 
 
-def test_position_batchnorm_statistics_are_per_position_seed002():
+def test_position_batchnorm_statistics_are_per_position():
     bn = BatchNorm(5, max_seq_len=10, momentum=0.3)
     x = randn(6, 4, 5)
     mu, sigma = x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)  # (1, T, C)
@@ -345,7 +345,7 @@ def test_batchnorm_running_stats_are_in_the_state_dict():
 
 
 @pytest.mark.parametrize("stats", ["position", "pooled"])
-def test_batchnorm_input_gradient_formula_seed000(stats):
+def test_batchnorm_input_gradient_formula(stats):
     """dx_i = g / sqrt(var + eps) * (dy_i - mean_j dy_j - x_hat_i * mean_j(dy_j x_hat_j)), j over the batch."""
     bn = randomize(BatchNorm(4, stats=stats, max_seq_len=3))
     x, dy = randn(5, 3, 4).requires_grad_(), randn(5, 3, 4, seed=2)

@@ -34,8 +34,8 @@ from minillm.checkpointing import (
     model_config_diff,
     read_checkpoint_header,
 )
-from minillm.config import ConfigError
 from minillm.data import TextDataModule
+from minillm.errors import ConfigError
 from minillm.lit_module import LitLM
 from minillm.loggers import SafeWandbLogger
 from minillm.model import ModelConfig

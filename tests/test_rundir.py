@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from minillm import rundir
-from minillm.config import ConfigError
+from minillm.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import minillm.train as train_script
-from minillm.config import ConfigError, DataError
+from minillm.errors import ConfigError, DataError
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
@@ -395,7 +395,7 @@ def test_fast_dev_run_through_train_py(overrides, tmp_path, corpus):
 
 
 def test_a_numeric_run_id_or_name_is_a_folder_name():
-    from minillm.config import check_name
+    from minillm.errors import check_name
 
     check_name("run_id", 7)  # Hydra reads run_id=7 as an int
     check_name("name", 2026)

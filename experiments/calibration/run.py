@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.reference import compose, train
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS
+from minillm.metrics import TRAIN_LOSS, VAL_LOSS
 from minillm.report import read_curves
 
 OUT = Path(__file__).parent

@@ -4,7 +4,7 @@ Lightning's (no Trainer, no callbacks, no loggers). The calibration study checks
 Nothing about the run is written out here: the model and its norm options, the optimizer and its parameter
 groups, the schedule, clipping, the data and its sample stream come from composing configs/train.yaml with the
 overrides (Hydra's compose API, as tests/helpers.py does) and from minillm's own functions
-(``minillm.train.model_config``, ``minillm.lit_module.param_groups``, the config's optimizer and scheduler partials,
+(``minillm.train.model_config``, ``minillm.optim.param_groups``, the config's optimizer and scheduler partials,
 ``minillm.data``'s windows). The loop itself is the only thing written by hand:
   - python, numpy and torch seeded with ``seed`` before the data and the model (as lightning.seed_everything)
   - training sample i starts at ``window_starts(data.seed, [i], N - T)``; step s uses samples s*B .. s*B+B-1
@@ -106,7 +106,7 @@ def model_config(cfg: Any, vocab_size: int) -> ModelConfig:
 
 def param_groups(cfg: Any, model: Transformer) -> list[dict]:
     """minillm's optimizer groups, with the config's module.decay_norms / decay_embeddings."""
-    from minillm.lit_module import param_groups as minillm_groups
+    from minillm.optim import param_groups as minillm_groups
 
     return minillm_groups(model, bool(cfg.module.decay_norms), bool(cfg.module.decay_embeddings))
 

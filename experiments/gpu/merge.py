@@ -20,7 +20,7 @@ from pathlib import Path
 
 from experiments.gpu.preset import markdown as preset_markdown
 from experiments.kernel_bench import report as R
-from minillm.outcome import MFU
+from minillm.metrics import MFU
 
 HERE = Path(__file__).resolve().parent
 

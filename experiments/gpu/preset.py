@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minillm.outcome import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
+from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["logger=csv", "+trainer.limit_val_batches=0", "test=false", "+trainer.enable_checkpointing=false",

@@ -39,7 +39,8 @@ from torch import nn
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, mean, parse_args, table, write
-from minillm.outcome import VAL_LOSS, final_loss, parse_metric
+from minillm.metrics import VAL_LOSS, parse_metric
+from minillm.outcome import final_loss
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------

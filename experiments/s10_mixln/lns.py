@@ -30,7 +30,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.study import Runs, load, mean, parse_args, table, write
 from experiments.s10_mixln import analyze as s10
-from minillm.outcome import VAL_LOSS, final_loss, parse_metric
+from minillm.metrics import VAL_LOSS, parse_metric
+from minillm.outcome import final_loss
 
 HERE = Path(__file__).parent / "lns"
 # --- fixed before the runs ---------------------------------------------------------------------------------

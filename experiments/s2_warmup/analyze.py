@@ -13,7 +13,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, fmt, mean, spread, table
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, loss_for_comparison
+from minillm.metrics import TRAIN_LOSS, VAL_LOSS
+from minillm.outcome import failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
 # Fixed before the sweep ran. A run's loss is minillm.outcome.loss_for_comparison: its final val loss, a diverged run

@@ -29,7 +29,8 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, mean, spread, table
 from experiments.s2_warmup.analyze import INSENSITIVE, NEEDS_WARMUP
-from minillm.outcome import VAL_LOSS, failed_of, loss_for_comparison
+from minillm.metrics import VAL_LOSS
+from minillm.outcome import failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent / "xavier"
 WARMUP = 100

@@ -31,7 +31,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, mean, table
-from minillm.outcome import MAX_ATTN_LOGIT, failed_of, loss_for_comparison
+from minillm.metrics import MAX_ATTN_LOGIT
+from minillm.outcome import failed_of, loss_for_comparison
 from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent / "olmo2"

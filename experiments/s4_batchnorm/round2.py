@@ -40,7 +40,8 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, spread, table
 from minillm.callbacks import bn_sampling_null
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS, failed_of, final_loss, parse_metric
+from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
+from minillm.outcome import failed_of, final_loss
 
 HERE = Path(__file__).parent / "round2"
 NORMS = ("batchnorm", "powernorm", "layernorm")

@@ -15,7 +15,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, spread, table
-from minillm.outcome import AMP_SCALE, final_loss, parse_metric
+from minillm.metrics import AMP_SCALE, parse_metric
+from minillm.outcome import final_loss
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "peri")

@@ -46,7 +46,8 @@ import numpy as np
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, mean, table, write
-from minillm.outcome import VAL_LOSS, final_loss, loss_for_comparison, parse_metric
+from minillm.metrics import VAL_LOSS, parse_metric
+from minillm.outcome import final_loss, loss_for_comparison
 
 HERE = Path(__file__).parent / "growth"
 ROOT = Path(__file__).parents[2]

@@ -14,7 +14,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
-from minillm.outcome import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS, failed_of, final_loss, is_stalled, loss_for_comparison
+from minillm.metrics import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS
+from minillm.outcome import failed_of, final_loss, is_stalled, loss_for_comparison
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "deepnorm")

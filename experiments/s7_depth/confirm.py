@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from experiments.common.machine import machine
 from experiments.common.study import load, mean, parse_args, table, write
 from experiments.s7_depth.analyze import HERE
-from minillm.outcome import TRAIN_LOSS, final_loss, is_stalled
+from minillm.metrics import TRAIN_LOSS
+from minillm.outcome import final_loss, is_stalled
 
 OUT = HERE / "confirm"
 # --- fixed before the runs ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, table, write
 from experiments.s7_depth.analyze import EARLY, EXPLODES, HERE, stalled
-from minillm.outcome import OUTPUT_CHANGE, TRAIN_LOSS, UPDATE_RATIO
+from minillm.metrics import OUTPUT_CHANGE, TRAIN_LOSS, UPDATE_RATIO
 
 OUT = HERE / "output_change"
 METRICS = (TRAIN_LOSS, OUTPUT_CHANGE, UPDATE_RATIO)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from experiments.common.machine import machine
 from experiments.common.study import load, mean, parse_args, table, write
 from experiments.s7_depth.analyze import HERE, stalled, val_loss
-from minillm.outcome import TRAIN_LOSS
+from minillm.metrics import TRAIN_LOSS
 
 OUT = HERE / "warmup"
 # Fixed before the runs: the longer warmup "prevents the stalls" when at most PREVENTS of its 10 runs stall

@@ -30,7 +30,8 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, mean, parse_args, table, write
-from minillm.outcome import TRAIN_LOSS, VAL_LOSS, loss_for_comparison
+from minillm.metrics import TRAIN_LOSS, VAL_LOSS
+from minillm.outcome import loss_for_comparison
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------

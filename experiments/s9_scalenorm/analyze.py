@@ -30,7 +30,8 @@ from scipy import stats
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, mean, table
-from minillm.outcome import VAL_LOSS, failed_of, loss_for_comparison
+from minillm.metrics import VAL_LOSS
+from minillm.outcome import failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------

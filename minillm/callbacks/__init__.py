@@ -1,5 +1,5 @@
 """Lightning callbacks, one per module; the classes are re-exported here, so configs name them
-``minillm.callbacks.<Class>``. Everything is measured from outside the model (DESIGN rule 8)."""
+``minillm.callbacks.<Class>``. Everything is measured from outside the model: its code holds no instrumentation."""
 
 from minillm.callbacks.divergence import DivergenceGuard, params_finite
 from minillm.callbacks.histograms import NormHistograms

@@ -11,8 +11,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from minillm.callbacks.common import last_step, log_metrics, train_loss
-from minillm.config import check_bool, check_int, check_number
-from minillm.outcome import DIVERGED
+from minillm.errors import check_bool, check_int, check_number
+from minillm.metrics import DIVERGED
 
 
 def params_finite(module: nn.Module) -> bool:

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.probe import NORM_TYPES
 from minillm.callbacks.stability import _eager
-from minillm.config import check_int
+from minillm.errors import check_int
+from minillm.metrics import hist_metric
 
 BINS = 64
 
@@ -93,6 +94,6 @@ class NormHistograms(Observer):
             for kind, values in (("input", self._inputs[name]), ("gain", gain)):
                 hist = histogram(values) if values is not None else None
                 if hist is not None:
-                    logged[f"hist/{name}/{kind}"] = wandb.Histogram(np_histogram=hist)
+                    logged[hist_metric(name, kind)] = wandb.Histogram(np_histogram=hist)
         self._inputs.clear()
         self._wandb(trainer).experiment.log({**logged, "trainer/global_step": last_step(trainer)})

@@ -28,9 +28,9 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from minillm.callbacks.common import Observer
-from minillm.config import check_bool, check_number
+from minillm.errors import check_bool, check_number
+from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TOKENS_PER_S_DEVICE
 from minillm.model import ModelConfig, Transformer
-from minillm.outcome import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TOKENS_PER_S_DEVICE
 
 
 def meta_model(cfg: ModelConfig) -> Transformer:

@@ -13,7 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from minillm import _compat
-from minillm.config import check_bool
+from minillm.errors import check_bool
 
 log = logging.getLogger("minillm")
 

@@ -9,8 +9,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from minillm.metrics import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric
 from minillm.norms import NORMS, BatchNorm, NoNorm
-from minillm.outcome import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric
 
 FP16_MAX = 65504.0
 NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)

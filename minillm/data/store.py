@@ -48,7 +48,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from filelock import FileLock, Timeout
 
-from minillm.config import DataError
 from minillm.data.corpus import CorpusSpec, Documents, fingerprint, load_documents
 from minillm.data.tokenizer import (
     DOC_SEPARATOR,
@@ -62,6 +61,7 @@ from minillm.data.tokenizer import (
     tokenizer_from_state,
     train_bpe,
 )
+from minillm.errors import DataError
 
 log = logging.getLogger(__name__)
 

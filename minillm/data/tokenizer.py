@@ -21,7 +21,7 @@ import tokenizers
 import torch
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from minillm.config import ConfigError
+from minillm.errors import ConfigError
 
 BUILT_IN = ("char", "byte", "bpe")
 TOKENIZER_HELP = "char, byte, bpe, a path to a tokenizer.json, or hf:<hub name>"

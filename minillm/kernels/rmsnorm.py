@@ -7,7 +7,7 @@ cast="llama": x_hat = x * rstd is cast to x's dtype, then multiplied by (w + off
               (LLaMA's order; minillm.norms.RMSNorm does the same).
 offset=1.0 serves the zero-centered gain, where the stored weight is w - 1.
 
-Kernel layout (shared/KERNELS.md has the reasoning and the traps):
+Kernel layout (docs/kernels.md has the reasoning and the traps):
   forward   one row per program, BLOCK = next pow2 >= hidden (masked), fp32 sum of squares, rstd saved
             (fp32, one per row). Rows wider than MAX_FUSED_HIDDEN loop over LOOP_BLOCK chunks in two passes.
   backward  one pass: a persistent grid of P programs (bwd_config: programs per SM x SMs), each walking blocks

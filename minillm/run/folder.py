@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from minillm.config import ConfigError
+from minillm.errors import ConfigError
 
 LOCK = ".lock"
 # what a refused start may have written into a fresh run folder: Hydra's files and the console log

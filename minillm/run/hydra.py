@@ -23,7 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
 
 from minillm import rundir
-from minillm.config import ConfigError
+from minillm.errors import ConfigError
 
 
 def config_dir() -> str:

@@ -27,6 +27,10 @@ class DataError(ConfigError):
     what = "data error"
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint file that cannot be read, or does not match the run that tries to resume from it."""
+
+
 def invalid(field: str, value: Any, allowed: str) -> ConfigError:
     """The one message format: ``<field>=<value> is invalid; allowed: <what is allowed>``."""
     return ConfigError(f"{field}={value!r} is invalid; allowed: {allowed}")
