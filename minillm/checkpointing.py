@@ -123,12 +123,16 @@ def _canonical(model: dict) -> dict:
     return out
 
 
-def model_config_diff(saved: dict, current: dict) -> list[str]:
-    """``"field: checkpoint X, config Y"`` for each ModelConfig field that differs (see _canonical)."""
-    saved, current = _canonical(saved), _canonical(current)
+def config_diff(saved: dict, current: dict) -> list[str]:
+    """``"key: checkpoint X, config Y"`` for each key whose value differs (a key one side lacks is <absent>)."""
     missing = "<absent>"
     return [f"{k}: checkpoint {saved.get(k, missing)!r}, config {current.get(k, missing)!r}"
             for k in sorted(set(saved) | set(current)) if saved.get(k, missing) != current.get(k, missing)]
+
+
+def model_config_diff(saved: dict, current: dict) -> list[str]:
+    """config_diff of two ModelConfig dicts, their norms by canonical name (see _canonical)."""
+    return config_diff(_canonical(saved), _canonical(current))
 
 
 def check_model_config(saved: dict | None, current: dict, source: str = "the checkpoint") -> None:
@@ -153,30 +157,17 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def settings_diff(saved: dict, current: dict) -> list[str]:
-    """``"key: checkpoint X, config Y"`` for each training setting that differs (dotted keys)."""
-    saved, current = flatten(saved), flatten(current)
-    missing = "<absent>"
-    return [f"{k}: checkpoint {saved.get(k, missing)!r}, config {current.get(k, missing)!r}"
-            for k in sorted(set(saved) | set(current)) if saved.get(k, missing) != current.get(k, missing)]
-
-
-def check_resume(ckpt_path: str | os.PathLike, model: dict, settings: dict | None = None) -> dict:
-    """Before fit: the checkpoint is readable, written for the same model config and, when it records them
-    (``hyper_parameters["run_settings"]``), the same training settings. Returns its header."""
-    header = read_checkpoint_header(ckpt_path)
-    hparams = header.get("hyper_parameters") or {}
-    source = f"ckpt_path={str(ckpt_path)!r}"
-    check_model_config(hparams.get("model"), model, source)
-    saved = hparams.get("run_settings")
-    if settings is not None and saved is not None:
-        saved = {**saved, "scheduler": schedule_settings(saved.get("scheduler"))}  # as run_settings stores it now
-        diffs = settings_diff(saved, settings)
-        if diffs:
-            raise CheckpointError(
-                f"{source} was trained with other settings ({'; '.join(diffs)}); a resumed run must keep them: "
-                "resume with the checkpoint's settings, or start a new run without ckpt_path")
-    return header
+def check_settings(saved: dict | None, current: dict, source: str = "the checkpoint") -> None:
+    """Raise CheckpointError listing every training setting (``hyper_parameters["run_settings"]``) that differs;
+    a checkpoint that records none passes."""
+    if saved is None:
+        return
+    saved = {**saved, "scheduler": schedule_settings(saved.get("scheduler"))}  # as run_settings stores it now
+    diffs = config_diff(flatten(saved), flatten(current))
+    if diffs:
+        raise CheckpointError(
+            f"{source} was trained with other settings ({'; '.join(diffs)}); a resumed run must keep them: "
+            "resume with the checkpoint's settings, or start a new run without ckpt_path")
 
 
 RESUME_FILES = ("preempted.ckpt", "last.ckpt")  # what ckpt_path=auto looks for in <run dir>/checkpoints

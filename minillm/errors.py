@@ -9,7 +9,9 @@ traceback. Plain Python: no Hydra, no Lightning.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -85,3 +87,18 @@ def check_name(field: str, value: Any, optional: bool = False) -> None:
         value = str(value)
     if not isinstance(value, str) or not NAME.fullmatch(value):
         raise invalid(field, value, "a folder name of letters, digits and . _ = + , - (no / or spaces)")
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def disk_error(err: BaseException | None) -> str | None:
+    """``disk error: ...`` for a file a run cannot write (a full disk, a read-only or forbidden folder, a path
+    that is a file), found in err or what caused it; None for anything else."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in DISK_ERRORS:
+            where = f" {err.filename}" if err.filename else ""
+            return (f"disk error: cannot write{where} ({os.strerror(err.errno)}); free space or choose a writable "
+                    "folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+        err = err.__cause__ or err.__context__
+    return None

@@ -35,6 +35,7 @@ from minillm.callbacks import (
 from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
 from minillm.norms import BatchNorm
 from minillm.report import write_report
+from minillm.run.build import model_config
 
 SUMMARY_FIELDS = {  # config
     "name", "norm", "placement", "lr", "warmup_steps", "precision", "precision_used", "seed", "dim",
@@ -256,7 +257,7 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     dm.prepare_data()
     dm.setup("fit")
     module = instantiate(cfg.module, _partial_=True)(
-        model=train_script.model_config(cfg, dm.vocab_size), optimizer=instantiate(cfg.optimizer))
+        model=model_config(cfg, dm.vocab_size), optimizer=instantiate(cfg.optimizer))
     monitor = StabilityMonitor(every_n_steps=1, probe_every_n_steps=None, output_change=True)
     guard, logger = DivergenceGuard(), MemoryLogger()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)

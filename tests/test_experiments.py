@@ -115,7 +115,7 @@ def test_machine_names_cpu_cores_and_torch():
 
 def test_reference_loop_is_built_from_the_configs():
     """Model, norm options, optimizer groups and lr come from the composed config, not from copied values."""
-    from minillm.train import model_config
+    from minillm.run.build import model_config
 
     cfg = reference.compose("norm=batchnorm", "optimizer.lr=0.01", "module.decay_norms=true", "model.n_layers=2")
     model, optimizer, scheduler = reference.build(cfg, vocab_size=88)
@@ -161,7 +161,7 @@ def test_independent_loop_has_the_default_models_size():
     """The loop's default sizes are train.py's default model: the same parameter count (826,496)."""
     from experiments.calibration import nanogpt_loop
     from minillm.model import Transformer
-    from minillm.train import model_config
+    from minillm.run.build import model_config
 
     loop = nanogpt_loop.CharLM(88, 128, 4, 4, 352, 64, 1e-5, 0.02, 10000.0)
     ours = Transformer(model_config(reference.compose(), 88))

@@ -197,7 +197,8 @@ def test_every_value_of_every_preset_sweep_passes_the_checks(tmp_path, corpus):
     compose and pass train.py's checks and build their model config, before anyone spends hours on it."""
     from helpers import compose_cfg
 
-    from minillm.train import check_config, model_config
+    from minillm.run.build import model_config
+    from minillm.run.checks import check_config
 
     presets = preset_sweeps()
     assert {"s2_warmup", "s3_lr_sensitivity", "s4_batchnorm", "s5_precision", "s7_depth"} <= set(presets)

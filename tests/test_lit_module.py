@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from helpers import V, compose_cfg, randn
 from hydra.utils import instantiate
 
-import minillm.train as train_script
 from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
 from minillm.optim import lr_lambda
+from minillm.run.build import model_config
 
 
 def test_z_loss_is_ce_plus_coef_mean_log_z_squared_and_pulls_log_z_to_zero():
@@ -62,7 +62,7 @@ def test_weight_decay_groups(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, dm.vocab_size),
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size),
                                                      optimizer=instantiate(cfg.optimizer))
     decay, no_decay = module.param_groups()
     names = {id(p): n for n, p in module.model.named_parameters()}
@@ -78,7 +78,7 @@ def test_eval_loss_is_the_mean_over_tokens_and_ppl_its_exp(tmp_path, corpus):
     dm.prepare_data()
     dm.setup("fit")
     torch.manual_seed(0)
-    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, dm.vocab_size))
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size))
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False)
     out = trainer.validate(module, datamodule=dm, verbose=False)[0]

@@ -30,7 +30,6 @@ from minillm.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
     check_model_config,
-    check_resume,
     model_config_diff,
     read_checkpoint_header,
 )
@@ -39,6 +38,8 @@ from minillm.errors import ConfigError
 from minillm.lit_module import LitLM
 from minillm.loggers import SafeWandbLogger
 from minillm.model import ModelConfig
+from minillm.run.build import model_config
+from minillm.run.resume import Resume
 
 # 6 steps, validation after steps 3 and 6, no callbacks but the preemption one, no test pass
 FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",
@@ -212,7 +213,7 @@ def test_interrupted_run_resumes_in_its_own_folder_with_ckpt_path_auto(tmp_path,
     folder = Path(cfg.paths.output_dir)
     assert json.loads((folder / "summary.json").read_text())["status"] == "preempted"
     assert json.loads((folder / "summary.json").read_text())["failed"] is None  # not an outcome yet
-    with pytest.raises(train_script.ConfigError, match="already holds a run.*ckpt_path=auto"):
+    with pytest.raises(ConfigError, match="already holds a run.*ckpt_path=auto"):
         train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE))
     train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE, "ckpt_path=auto"))
     rows = read_rows(folder)
@@ -223,7 +224,7 @@ def test_interrupted_run_resumes_in_its_own_folder_with_ckpt_path_auto(tmp_path,
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] in ("completed", "diverged") and summary["steps"] == 6  # one run, whole
     shutil.rmtree(folder / "checkpoints")  # a run that kept none: auto cannot resume it, and says so
-    with pytest.raises(train_script.ConfigError, match=r"^ckpt_path=auto: the run directory .* holds a run "
+    with pytest.raises(ConfigError, match=r"^ckpt_path=auto: the run directory .* holds a run "
                                                        r"\(summary.json\) but no checkpoint to resume"):
         train_script.train(compose_cfg(tmp_path, corpus, *FAST, *RESUMABLE, "ckpt_path=auto"))
     assert isinstance(summary["failed"], bool)
@@ -237,7 +238,7 @@ def test_resume_refuses_changed_training_settings(tmp_path, corpus):
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
     changed = compose_cfg(tmp_path / "second", corpus, *FAST, f"ckpt_path={ckpt}", "optimizer.lr=1e-2",
                           "data.batch_size=4", "seed=3")
-    with pytest.raises(train_script.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         train_script.train(changed)
     message = str(err.value)
     for diff in ("optimizer.lr: checkpoint 0.003, config 0.01", "data.batch_size: checkpoint 8, config 4",
@@ -257,7 +258,7 @@ def test_a_constant_lr_run_may_be_extended_and_a_cosine_one_may_not(tmp_path, co
         longer = compose_cfg(tmp_path / kind, corpus, *base, f"scheduler={kind}", "trainer.max_steps=6",
                              f"ckpt_path={ckpt}")
         if kind == "cosine":
-            with pytest.raises(train_script.ConfigError, match=r"scheduler.total_steps: checkpoint 3, config 6"):
+            with pytest.raises(ConfigError, match=r"scheduler.total_steps: checkpoint 3, config 6"):
                 train_script.train(longer)
         else:
             train_script.train(longer)
@@ -420,7 +421,7 @@ def test_unreadable_checkpoint_is_a_clear_error_naming_the_file(kind, tmp_path):
 def test_resume_from_a_truncated_checkpoint_is_a_config_error(tmp_path, corpus):
     path = _bad_checkpoint("truncated", tmp_path / "last.ckpt")
     message = f"checkpoint {re.escape(repr(str(path)))} cannot be read"
-    with pytest.raises(train_script.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         train_script.train(compose_cfg(tmp_path, corpus, *FAST, f"ckpt_path={path}"))
 
 
@@ -451,11 +452,11 @@ def test_resume_with_another_model_config_is_one_config_error(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    saved = train_script.model_config(cfg, dm.vocab_size).to_dict()
+    saved = model_config(cfg, dm.vocab_size).to_dict()
     ckpt = tmp_path / "other.ckpt"
     other = {**saved, "norm": "rmsnorm", "dim": 64}
     torch.save({"state_dict": {}, "hyper_parameters": {"model": other}}, ckpt)
-    with pytest.raises(train_script.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         train_script.train(compose_cfg(tmp_path, corpus, *FAST, "norm=layernorm", "placement=post",
                                        f"ckpt_path='{ckpt}'"))
     message = str(err.value)
@@ -470,9 +471,10 @@ def test_sharded_checkpoint_directory_is_checked_through_its_metadata(tmp_path):
     model = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2).to_dict()
     (tmp_path / "sharded.ckpt").mkdir()
     torch.save({"hyper_parameters": {"model": model}}, tmp_path / "sharded.ckpt" / "meta.pt")
-    check_resume(tmp_path / "sharded.ckpt", model)
+    resume = Resume(str(tmp_path / "sharded.ckpt"), read_checkpoint_header(tmp_path / "sharded.ckpt"))
+    resume.check_model(model)
     with pytest.raises(CheckpointError, match="dim: checkpoint 16, config 32"):
-        check_resume(tmp_path / "sharded.ckpt", {**model, "dim": 32})
+        resume.check_model({**model, "dim": 32})
 
 
 def test_lightning_module_refuses_another_model_but_takes_fused_rmsnorm():

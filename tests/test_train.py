@@ -22,6 +22,8 @@ from minillm.errors import ConfigError, DataError
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
+from minillm.run.build import build_trainer, model_config
+from minillm.run.naming import group_sweeps
 
 NORM_FILES = sorted(p.stem for p in (CONFIGS / "norm").glob("*.yaml"))
 
@@ -42,7 +44,7 @@ def test_every_config_in_every_group_composes_and_instantiates(group, tmp_path, 
         if group == "data":
             assert type(instantiate(cfg.data)).__name__ == "TextDataModule"
             continue
-        model_cfg = train_script.model_config(cfg, 11)
+        model_cfg = model_config(cfg, 11)
         assert model_cfg.norm == cfg.model.norm and model_cfg.placement == cfg.placement
         assert callable(instantiate(cfg.optimizer)) and callable(instantiate(cfg.scheduler))
         for node in ("callbacks", "logger"):
@@ -51,7 +53,7 @@ def test_every_config_in_every_group_composes_and_instantiates(group, tmp_path, 
         if option == "fsdp" and on_cpu:  # Lightning refuses FSDP without a GPU: build the strategy alone
             assert type(instantiate(cfg.trainer.strategy)).__name__ == "FSDPStrategy"
         else:
-            assert isinstance(train_script.build_trainer(cfg, [], []), L.Trainer)
+            assert isinstance(build_trainer(cfg, [], []), L.Trainer)
 
 
 def test_debug_overfit_drives_the_loss_down_on_one_batch(tmp_path, corpus):
@@ -67,7 +69,7 @@ def test_instantiate_every_component(tmp_path, corpus):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
-    model_cfg = train_script.model_config(cfg, dm.vocab_size)
+    model_cfg = model_config(cfg, dm.vocab_size)
     module = instantiate(cfg.module, _partial_=True)(model=model_cfg, optimizer=instantiate(cfg.optimizer),
                                                      scheduler=instantiate(cfg.scheduler))
     assert module.model.cfg.vocab_size == dm.vocab_size
@@ -259,7 +261,7 @@ def test_16_mixed_on_cpu_warns_and_runs_bf16_while_cpu_fp16_scales_fp16(tmp_path
 def test_compiled_run_records_every_stability_metric_as_the_eager_run(tmp_path, corpus):
     """model.compile=true: the measured steps run uncompiled, so the forward hooks fire; every metric is logged
     at the same steps as in an eager run, with the same values (aot_eager: the same arithmetic, no codegen)."""
-    assert not hasattr(train_script.model_config(compose_cfg(tmp_path, corpus), 11), "compile")  # not architecture
+    assert not hasattr(model_config(compose_cfg(tmp_path, corpus), 11), "compile")  # not architecture
     runs = {}
     for compiled in (False, True):
         torch._dynamo.reset()
@@ -287,7 +289,7 @@ def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
     from omegaconf import read_write
 
     cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "name=my_sweep", "optimizer.lr=0.01", "seed=3")
-    train_script.group_sweeps(cfg)
+    group_sweeps(cfg)
     assert cfg.logger.wandb.group == "my_sweep"  # a single run: the experiment name
     assert cfg.logger.wandb.name == "rmsnorm-pre-L2-d32-lr0.01-wu1-s3"  # tiny model: depth and width differ
     jobs = [["norm=layernorm", "data.batch_size=4", "data.files=[/x.txt]", "trainer.gradient_clip_val=null"],
@@ -299,7 +301,7 @@ def test_wandb_group_is_one_per_sweep_and_tags_name_the_run(tmp_path, corpus):
         with read_write(hydra_cfg):  # as Hydra sets it for the jobs of `train.py -m`
             hydra_cfg.mode, hydra_cfg.sweep.dir = RunMode.MULTIRUN, "logs/my_sweep/multiruns/2026-01-02_03-04-05"
             hydra_cfg.overrides.task = job
-        train_script.group_sweeps(cfg)
+        group_sweeps(cfg)
         names.append(cfg.logger.wandb.name)
     assert names == [f"layernorm-pre-L2-d32-lr0.01-wu1-s3-batch_size={b}-gradient_clip_val={c}"
                      for b, c in ((4, "null"), (8, "1.0"))]  # trainer.* is not under train
@@ -330,7 +332,7 @@ def test_norm_config_lists_every_option_with_the_class_default(norm):
 def test_every_norm_and_placement_round_trip_through_hydra(norm, tmp_path, corpus):
     for placement in PLACEMENTS:
         cfg = compose_cfg(tmp_path, corpus, f"norm={norm}", f"placement={placement}")
-        mc = train_script.model_config(cfg, V)
+        mc = model_config(cfg, V)
         assert isinstance(mc, ModelConfig) and (mc.norm, mc.placement) == (norm, placement)
         assert mc.norm_options == OmegaConf.to_container(cfg.model.norm_options)
         if norm == "fused_rmsnorm":
@@ -347,7 +349,7 @@ def test_norm_placement_and_loss_options_reach_the_model_through_hydra(tmp_path,
     cfg = compose_cfg(tmp_path, corpus, "norm=rmsnorm", "placement=mix", "model.mix_fraction=0.5",
                       "model.n_layers=4", "model.qk_norm=layernorm", "model.norm_options.zero_centered=true",
                       "model.norm_options.cast=fp32", "module.z_loss=1e-4")
-    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, V))
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, V))
     m = module.model
     assert [b.placement for b in m.layers] == ["post", "post", "pre", "pre"]
     norms = [m.norm] + [n for b in m.layers for n in (b.attn_norm, b.ffn_norm)]
@@ -361,7 +363,7 @@ def test_norm_placement_and_loss_options_reach_the_model_through_hydra(tmp_path,
 def test_per_layer_override_through_hydra(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "norm=powernorm", "model.qk_norm=rmsnorm",
                       "model.layers=[{placement:post,norm:layernorm},{placement:peri,norm:dyt}]")
-    mc = train_script.model_config(cfg, V)
+    mc = model_config(cfg, V)
     assert mc.layers == [{"placement": "post", "norm": "layernorm"}, {"placement": "peri", "norm": "dyt"}]
     m = Transformer(mc)
     b0, b1 = m.layers
@@ -374,11 +376,11 @@ def test_per_layer_override_through_hydra(tmp_path, corpus):
 
 def test_experiment_presets(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "experiment=olmo2")
-    m = Transformer(train_script.model_config(cfg, V))
+    m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"branch"} and type(m.layers[0].attn_norm) is RMSNorm
     assert type(m.layers[1].attn.k_norm) is RMSNorm and cfg.module.z_loss == 1e-5
     cfg = compose_cfg(tmp_path, corpus, "experiment=deepnet")
-    m = Transformer(train_script.model_config(cfg, V))
+    m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"deepnorm"} and type(m.layers[0].attn_norm) is LayerNorm
     assert m.layers[0].alpha == pytest.approx((2 * cfg.model.n_layers) ** 0.25)
 

@@ -4,7 +4,7 @@ Lightning's (no Trainer, no callbacks, no loggers). The calibration study checks
 Nothing about the run is written out here: the model and its norm options, the optimizer and its parameter
 groups, the schedule, clipping, the data and its sample stream come from composing configs/train.yaml with the
 overrides (Hydra's compose API, as tests/helpers.py does) and from minillm's own functions
-(``minillm.train.model_config``, ``minillm.optim.param_groups``, the config's optimizer and scheduler partials,
+(``minillm.run.build.model_config``, ``minillm.optim.param_groups``, the config's optimizer and scheduler partials,
 ``minillm.data``'s windows). The loop itself is the only thing written by hand:
   - python, numpy and torch seeded with ``seed`` before the data and the model (as lightning.seed_everything)
   - training sample i starts at ``window_starts(data.seed, [i], N - T)``; step s uses samples s*B .. s*B+B-1
@@ -45,7 +45,7 @@ def compose(*overrides: str) -> Any:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from minillm.train import config_dir  # also registers minillm's resolvers (minillm.min, ...)
+    from minillm.run.hydra import config_dir  # also registers minillm's resolvers (minillm.min, ...)
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
@@ -98,8 +98,8 @@ def tokens(cfg: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def model_config(cfg: Any, vocab_size: int) -> ModelConfig:
-    """The ModelConfig train.py builds from cfg.model (minillm.train.model_config)."""
-    from minillm.train import model_config as from_config
+    """The ModelConfig train.py builds from cfg.model (minillm.run.build.model_config)."""
+    from minillm.run.build import model_config as from_config
 
     return from_config(cfg, vocab_size)
 

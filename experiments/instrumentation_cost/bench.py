@@ -44,9 +44,10 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
-import minillm.train as train_script
 from experiments.common.machine import machine
 from minillm.callbacks import ActivationProbe
+from minillm.run.build import model_config
+from minillm.run.hydra import config_dir
 
 HERE = Path(__file__).resolve().parent
 
@@ -216,11 +217,11 @@ def main() -> None:
     watch_probe_hooks()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with initialize_config_dir(config_dir=train_script.config_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu", "logger=wandb"])
     args.batch = args.batch or cfg.data.batch_size
     L.seed_everything(0, workers=False, verbose=False)
-    module = instantiate(cfg.module, _partial_=True)(model=train_script.model_config(cfg, VOCAB),
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, VOCAB),
                                                      optimizer=instantiate(cfg.optimizer),
                                                      scheduler=instantiate(cfg.scheduler))
     timer = StepTimer()

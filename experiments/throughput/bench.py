@@ -66,9 +66,10 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     from omegaconf import open_dict
 
     import minillm.train as train_script
+    from minillm.run.hydra import config_dir
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=train_script.config_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("train", overrides=["logger=csv", f"trainer.max_steps={steps}", "+trainer.limit_val_batches=0",
                                           "test=false", "callbacks.text_sample.max_new_tokens=0",
                                           "~callbacks.progress_bar"], return_hydra_config=True)
@@ -77,18 +78,20 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
         cfg.paths.output_dir = str(tmp / f"run-{time.time_ns()}")
         del cfg["hydra"]
     clock = _StepClock(skip)
-    real = train_script.instantiate
+    import minillm.run.build as build
+
+    real = build.instantiate
 
     def with_clock(c, *a, **kw):  # add the clock to the trainer's callbacks
         if "callbacks" in kw:
             kw["callbacks"] = [*kw["callbacks"], clock]
         return real(c, *a, **kw)
 
-    train_script.instantiate = with_clock
+    build.instantiate = with_clock
     try:
         train_script.train(cfg)
     finally:
-        train_script.instantiate = real
+        build.instantiate = real
     B, T = cfg.data.batch_size, cfg.model.max_seq_len
     return (steps - skip) * B * T / (clock.t1 - clock.t0)
 

@@ -250,7 +250,7 @@ def _config_error_inside(err: BaseException) -> ConfigError | None:
     if err is not None:
         return err
     for e in chain:
-        found = re.findall(r"minillm\.config\.(ConfigError|DataError): (.*)", str(e))
+        found = re.findall(rf"{re.escape(ConfigError.__module__)}\.(ConfigError|DataError): (.*)", str(e))
         if found:
             kind, message = found[-1]
             return (DataError if kind == "DataError" else ConfigError)(message)

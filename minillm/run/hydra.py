@@ -9,6 +9,9 @@ entry points print with exit code 2.
 from __future__ import annotations
 
 import difflib
+import logging
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,14 +25,14 @@ from hydra.errors import (
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
 
-from minillm import rundir
-from minillm.errors import ConfigError
+from minillm.errors import ConfigError, disk_error
+from minillm.run import resolvers
 
 
 def config_dir() -> str:
     """configs/ of the checkout (or of an editable install), else the copy a wheel ships in the package. The
     configs use minillm's resolvers (run folders, SLURM sizes), so asking for them registers those."""
-    rundir.register_resolvers()
+    resolvers.register_resolvers()
     package = Path(__file__).resolve().parents[1]
     packaged = package / "configs"
     return str(packaged if packaged.is_dir() else package.parent / "configs")
@@ -98,3 +101,34 @@ def one_line(err: BaseException) -> str | None:
     if isinstance(err, OmegaConfBaseException):
         return f"config error: {' '.join(str(err).split())}"
     return None
+
+
+def route_library_logs() -> None:
+    """Lightning's log lines and Python warnings go through the root logger Hydra set up, so train.log (the
+    run's console log) holds them too; Lightning adds its own console handler when imported before that."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    logging.captureWarnings(True)
+
+
+@contextmanager
+def errors_in_one_line() -> Iterator[None]:
+    """Around a Hydra entry point: Hydra raises its errors instead of printing its report and exiting 1
+    (HYDRA_FULL_ERROR), and each one that is about the config or the disk becomes one line on stderr, exit 2."""
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    except Exception as err:
+        line = one_line(err) or disk_error(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous

@@ -1,4 +1,5 @@
-"""Run directories: unique for every start, stable for the restarts of one run (the Hydra resolvers).
+"""The Hydra resolvers of minillm's configs: run folders (unique for every start, stable for the restarts of one
+run), the SLURM sizes of the launcher presets, --help's lists of choices, and ``min``. Run folders:
 
     logs/<name>/runs/<run id>/            one run  (hydra.run.dir)
     logs/<name>/multiruns/<run id>/<job>/ one job of a sweep (hydra.sweep.dir / hydra.sweep.subdir)
@@ -25,6 +26,9 @@ from omegaconf import OmegaConf
 
 from minillm.checkpointing import RESUME_FILES
 from minillm.errors import ConfigError, check_name
+from minillm.model import PLACEMENTS, QK_NORMS
+from minillm.optim import SCHEDULES
+from minillm.run.checks import PRECISIONS, TEST_WEIGHTS
 
 
 def scheduler_id() -> str | None:
@@ -107,10 +111,6 @@ def hydra_subdir(output_dir: str) -> str:
 
 def choices(kind: str) -> str:
     """The allowed values of a key with fixed choices, for --help (from the code that checks them)."""
-    from minillm.model import PLACEMENTS, QK_NORMS
-    from minillm.optim import SCHEDULES
-    from minillm.train import PRECISIONS, TEST_WEIGHTS
-
     lists = {"placement": PLACEMENTS, "qk_norm": QK_NORMS, "schedule": SCHEDULES, "precision": PRECISIONS,
              "test_weights": TEST_WEIGHTS}
     return ", ".join(lists[kind])
