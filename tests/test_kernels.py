@@ -282,7 +282,7 @@ def test_empty_batch():
 @kernel
 def test_bad_arguments_are_rejected():
     x = _randn(2, 8)
-    with pytest.raises(ValueError, match="cast='bf16' is not valid"):
+    with pytest.raises(ValueError, match="cast='bf16' is invalid; allowed: fp32, llama"):
         K.fused_rms_norm(x, _weight(8, 0.0), 1e-5, cast="bf16")
     with pytest.raises(ValueError, match="does not match the last dim"):
         K.fused_rms_norm(x, _weight(9, 0.0), 1e-5)
@@ -381,6 +381,7 @@ def test_module_imports_without_triton(monkeypatch):
     """minillm.kernels.rmsnorm imports with triton missing; only require_fused() complains."""
     monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` raise ImportError
     monkeypatch.setitem(sys.modules, "triton.language", None)
+    monkeypatch.delitem(sys.modules, "minillm.kernels.rmsnorm_triton")  # imported again, without triton
     spec = importlib.util.spec_from_file_location("_rmsnorm_without_triton", K.__file__)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

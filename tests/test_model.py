@@ -59,7 +59,7 @@ def test_pooled_batchnorm_leaks_the_future_in_train_mode():
     torch.testing.assert_close(model(idx)[:, :-1], model(changed)[:, :-1], atol=1e-6, rtol=0)
 
 
-# Where the defaults do not fit (documented in minillm/norms.py): DyT as Post-LN with alpha0 = 0.5 halves the
+# Where the defaults do not fit (documented in minillm/norms/): DyT as Post-LN with alpha0 = 0.5 halves the
 # residual stream at every sublayer (tanh(x / 2) ~ x / 2), and PowerNorm's Algorithm 1 alone diverges on
 # branch outputs (peri, branch) unless the authors' per-token group scaling comes first.
 OVERFIT_OPTIONS = {("dyt", "post"): {"alpha0": 1.0}, ("powernorm", "peri"): {"group_scaling": 1},

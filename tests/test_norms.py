@@ -1,4 +1,4 @@
-"""Norm modules (minillm/norms.py): every registered norm against its formula, in every dtype, with its
+"""Norm modules (minillm/norms/): every registered norm against its formula, in every dtype, with its
 options; the seeds' formulas and worked examples; DyT, ScaleNorm and PowerNorm in detail.
 
 Registry-driven: the tests over "every norm" read NORMS, so a new norm is tested without editing a list, and
@@ -378,12 +378,13 @@ def test_none_is_identity():
 @pytest.mark.parametrize(
     "name, options, message",
     [
-        ("dyt", {"alpha0": 0.0}, "alpha0=0.0 must be a finite number > 0"),
-        ("powernorm", {"alpha_fwd": 1.5, "max_seq_len": 4}, r"alpha_fwd=1.5 must be in \[0, 1\]"),
-        ("powernorm", {"warmup_steps": -1, "max_seq_len": 4}, "warmup_steps=-1 must be an integer >= 0"),
+        ("dyt", {"alpha0": 0.0}, r"alpha0=0.0 is invalid; allowed: a finite number > 0$"),
+        ("powernorm", {"alpha_fwd": 1.5, "max_seq_len": 4}, r"alpha_fwd=1.5 is invalid; allowed: a finite number >= 0 "
+                                                            r"and <= 1$"),
+        ("powernorm", {"warmup_steps": -1, "max_seq_len": 4}, "warmup_steps=-1 is invalid; allowed: an integer >= 0$"),
         ("powernorm", {}, "needs max_seq_len"),
-        ("powernorm", {"stats": "token", "max_seq_len": 4}, "stats='token' is not valid; allowed: position"),
-        ("powernorm", {"group_scaling": 3, "max_seq_len": 4}, "group_scaling=3 must be 0 .* dim=8"),
+        ("powernorm", {"stats": "token", "max_seq_len": 4}, "stats='token' is invalid; allowed: position, pooled$"),
+        ("powernorm", {"group_scaling": 3, "max_seq_len": 4}, "group_scaling=3 is invalid; allowed: 0 .* dim=8$"),
         ("scalenorm", {"bias": True}, r"'scalenorm' does not take option\(s\) \['bias'\]"),
     ],
 )

@@ -37,15 +37,18 @@ import os
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
+from minillm.errors import check_choice
+from minillm.kernels.rmsnorm_triton import HAS_TRITON, tl, triton
 
-    HAS_TRITON = True
-except ImportError:  # minillm must import without triton; require_fused() explains
-    triton = None
-    tl = None
-    HAS_TRITON = False
+if HAS_TRITON:
+    from minillm.kernels.rmsnorm_triton import (
+        _bwd_dw_kernel,
+        _bwd_dx_kernel,
+        _bwd_dx_loop_kernel,
+        _bwd_kernel,
+        _fwd_kernel,
+        _fwd_loop_kernel,
+    )
 
 CASTS = ("fp32", "llama")
 MAX_FUSED_HIDDEN = 16384  # widest row the forward holds in registers as one block; wider rows loop
@@ -82,8 +85,7 @@ BWD_CONFIGS = (
 
 
 def _check_cast(cast: str) -> None:
-    if cast not in CASTS:
-        raise ValueError(f"cast={cast!r} is not valid; allowed: {', '.join(CASTS)}")
+    check_choice("cast", cast, CASTS)
 
 
 def reference_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0,
@@ -97,152 +99,6 @@ def reference_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.
     if cast == "llama":
         return x_hat.to(x.dtype) * gain.to(x.dtype)
     return (x_hat * gain).to(x.dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Triton kernels (defined only when triton imports)
-
-if HAS_TRITON:
-
-    @triton.jit
-    def _gain(W, cols, mask, offset, dtype: tl.constexpr, LLAMA: tl.constexpr):
-        """(w + offset) in fp32; rounded through x's dtype in llama mode."""
-        gain = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + tl.cast(offset, tl.float32)
-        if LLAMA:
-            gain = gain.to(dtype).to(tl.float32)
-        return gain
-
-    @triton.jit
-    def _out(x_hat, gain, dtype: tl.constexpr, LLAMA: tl.constexpr):
-        """y in fp32 before the final cast to x's dtype."""
-        if LLAMA:
-            x_hat = x_hat.to(dtype).to(tl.float32)
-        return x_hat * gain
-
-    @triton.jit
-    def _fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, offset,
-                    LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """One row per program, the whole row in one masked block."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + tl.cast(eps, tl.float32))  # scalar
-        tl.store(RSTD + row, rstd)
-        gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
-        y = _out(x * rstd, gain, X.dtype.element_ty, LLAMA)
-        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _fwd_loop_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, offset,
-                         LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """One row per program for rows wider than one block: sum of squares, then scale, in chunks."""
-        row = tl.program_id(0).to(tl.int64)
-        x_row = X + row * stride_x
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)  # (BLOCK,)
-            acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + tl.cast(eps, tl.float32))
-        tl.store(RSTD + row, rstd)
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < N
-            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
-            y = _out(x * rstd, gain, X.dtype.element_ty, LLAMA)
-            tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _bwd_kernel(DY, X, W, RSTD, DX, PARTIAL, stride_dy, stride_x, stride_dx, M, N, offset,
-                    LLAMA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
-        """One pass: program p takes row blocks p, p + P, p + 2P, ... (ROWS rows each) of a grid of P programs,
-        writes dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain, and PARTIAL[p] = sum of dy * x_hat."""
-        pid = tl.program_id(0)
-        cols = tl.arange(0, BLOCK)
-        col_mask = cols < N
-        gain = _gain(W, cols, col_mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
-        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-        for r0 in tl.range(pid * ROWS, M, tl.num_programs(0) * ROWS, num_stages=STAGES):
-            rows = (r0 + tl.arange(0, ROWS)).to(tl.int64)  # (ROWS,)
-            row_mask = rows < M
-            mask = row_mask[:, None] & col_mask[None, :]  # (ROWS, BLOCK)
-            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]  # (ROWS, 1)
-            x_hat = x * rstd
-            g = dy * gain[None, :]
-            c = tl.sum(g * x_hat, axis=1)[:, None] / N  # (ROWS, 1)
-            dx = (g - x_hat * c) * rstd
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-            acc += dy * _out(x_hat, 1.0, X.dtype.element_ty, LLAMA)
-        # every program writes its row, zeros when it had no rows: the buffer can come from torch.empty
-        tl.store(PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
-
-    @triton.jit
-    def _bwd_dx_kernel(DY, X, W, RSTD, DX, stride_dy, stride_x, stride_dx, N, offset,
-                       LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """Wide rows: dx = rstd * (g - x_hat * mean(g * x_hat)), g = dy * gain; one row per program."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        x_hat = x * rstd
-        g = dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
-        c = tl.sum(g * x_hat, axis=0) / N  # scalar
-        dx = (g - x_hat * c) * rstd
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _bwd_dx_loop_kernel(DY, X, W, RSTD, DX, stride_dy, stride_x, stride_dx, N, offset,
-                            LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """dx for rows wider than one block: mean(g * x_hat), then dx, in chunks."""
-        row = tl.program_id(0).to(tl.int64)
-        x_row = X + row * stride_x
-        dy_row = DY + row * stride_dy
-        rstd = tl.load(RSTD + row)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < N
-            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-            acc += dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA) * (x * rstd)
-        c = tl.sum(acc, axis=0) / N
-        for start in range(0, N, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < N
-            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-            g = dy * _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)
-            dx = (g - x * rstd * c) * rstd
-            tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _bwd_dw_kernel(DY, X, RSTD, PARTIAL, stride_dy, stride_x, M, N, rows_per_program,
-                       LLAMA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-        """Wide rows: program (p, c) writes PARTIAL[p, tile c] = sum over the rows of group p of dy * x_hat."""
-        group = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)  # (BLOCK_COLS,)
-        col_mask = cols < N
-        row_start = group * rows_per_program
-        row_end = tl.minimum(row_start + rows_per_program, M)
-        acc = tl.zeros([BLOCK_ROWS, BLOCK_COLS], dtype=tl.float32)
-        for r0 in range(row_start, row_end, BLOCK_ROWS):
-            rows = r0 + tl.arange(0, BLOCK_ROWS)  # (BLOCK_ROWS,)
-            row_mask = rows < row_end
-            rows64 = rows.to(tl.int64)
-            mask = row_mask[:, None] & col_mask[None, :]  # (BLOCK_ROWS, BLOCK_COLS)
-            x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-            rstd = tl.load(RSTD + rows64, mask=row_mask, other=0.0)  # (BLOCK_ROWS,)
-            x_hat = _out(x.to(tl.float32) * rstd[:, None], 1.0, X.dtype.element_ty, LLAMA)
-            acc += dy.to(tl.float32) * x_hat
-        # every program writes its tile, zeros when its group is empty: the buffer can come from torch.empty
-        tl.store(PARTIAL + group.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
 # ----------------------------------------------------------------------------------------------------------

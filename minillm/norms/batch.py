@@ -1,149 +1,15 @@
-"""Normalization layers, chosen by name through one registry.
-
-Every norm takes and returns ``(B, T, C)`` in the input's dtype, reduces in fp32 whatever the input
-dtype (an fp16 ``x**2`` overflows once |x| > ~256), names its parameters ``weight`` / ``bias`` and has
-``reset_parameters()``. ``build_norm(name, dim, eps, **options)`` is the only way the model makes one.
-
-Options shared where they make sense:
-    eps_mode   "inside": (x - mu) / sqrt(var + eps)  (default, as torch and the papers)
-               "outside": (x - mu) / (std + eps)     (as some from-scratch write-ups do)
-    affine     learnable gain (and bias where the norm has one)
-    bias       learnable shift (LayerNorm, BatchNorm)
-    zero_centered  store the gain as w - 1 (init 0), so weight decay pulls the gain towards 1
-"""
+"""The norms that normalize by statistics over the batch: BatchNorm (per position, or pooled) and PowerNorm."""
 
 from __future__ import annotations
 
-import inspect
-import math
 import warnings
-from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from minillm.distributed import batch_mean, global_mean_var, is_synced
-from minillm.errors import ConfigError
-
-EPS_MODES = ("inside", "outside")
-
-
-def _inv_scale(second_moment: Tensor, eps: float, eps_mode: str) -> Tensor:
-    """1 / sqrt(m + eps) or 1 / (sqrt(m) + eps), from a fp32 variance or mean square."""
-    if eps_mode == "inside":
-        return torch.rsqrt(second_moment + eps)
-    return 1.0 / (second_moment.sqrt() + eps)
-
-
-def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{field}={value!r} is not valid; allowed: {', '.join(allowed)}")
-
-
-class _AffineNorm(nn.Module):
-    """Shared parameter handling: gain ``weight`` (optionally stored as w - 1) and optional ``bias``."""
-
-    def __init__(self, dim: int, eps: float, eps_mode: str, affine: bool, bias: bool, zero_centered: bool):
-        super().__init__()
-        _check_choice("eps_mode", eps_mode, EPS_MODES)
-        if dim <= 0:
-            raise ConfigError(f"dim={dim} must be a positive integer")
-        self.dim, self.eps, self.eps_mode, self.zero_centered = dim, float(eps), eps_mode, zero_centered
-        self.weight = nn.Parameter(torch.empty(dim)) if affine else None
-        self.bias = nn.Parameter(torch.empty(dim)) if affine and bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.constant_(self.weight, 0.0 if self.zero_centered else 1.0)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def gain(self) -> Tensor | None:
-        """The effective multiplicative gain (weight + 1 when zero-centered)."""
-        if self.weight is None:
-            return None
-        return self.weight + 1.0 if self.zero_centered else self.weight
-
-    def _affine32(self, x_hat: Tensor) -> Tensor:
-        """Apply gain and bias in fp32."""
-        g = self.gain()
-        if g is not None:
-            x_hat = x_hat * g.float()
-        if self.bias is not None:
-            x_hat = x_hat + self.bias.float()
-        return x_hat
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, eps_mode={self.eps_mode}, zero_centered={self.zero_centered}"
-
-
-class LayerNorm(_AffineNorm):
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last dim, with the biased variance (divide by C)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
-                 bias: bool = True, zero_centered: bool = False):
-        super().__init__(dim, eps, eps_mode, affine, bias, zero_centered)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        mu = x32.mean(-1, keepdim=True)  # (B, T, 1)
-        xc = x32 - mu
-        var = (xc * xc).mean(-1, keepdim=True)  # biased: / C, not / (C - 1)
-        return self._affine32(xc * _inv_scale(var, self.eps, self.eps_mode)).to(x.dtype)
-
-
-class RMSNorm(_AffineNorm):
-    """LLaMA's RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. No centering, no bias, C parameters.
-
-    cast="llama": normalize in fp32, cast to the input dtype, then multiply by the gain (LLaMA's order);
-    cast="fp32": multiply by the gain in fp32 and cast once at the end.
-    """
-
-    CASTS = ("llama", "fp32")
-
-    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
-                 zero_centered: bool = False, cast: str = "llama"):
-        _check_choice("cast", cast, self.CASTS)
-        self.cast = cast
-        super().__init__(dim, eps, eps_mode, affine, False, zero_centered)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        x_hat = x32 * _inv_scale(x32.pow(2).mean(-1, keepdim=True), self.eps, self.eps_mode)
-        g = self.gain()
-        if g is None:
-            return x_hat.to(x.dtype)
-        if self.cast == "llama":
-            return x_hat.to(x.dtype) * g.to(x.dtype)
-        return (x_hat * g.float()).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", cast={self.cast}"
-
-
-class FusedRMSNorm(RMSNorm):
-    """RMSNorm computed by the Triton kernel of ``minillm.kernels.rmsnorm``; same parameters and state_dict.
-
-    Built only where the kernel can run (CUDA, or TRITON_INTERPRET=1 on the CPU); never falls back.
-    """
-
-    kernel = "triton"  # runs a compiled kernel (tests: tests/test_kernels.py, under the interpreter on a CPU)
-    same_as = "rmsnorm"  # same state_dict and function: checkpoints move between them (canonical_norm)
-
-    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
-                 zero_centered: bool = False, cast: str = "llama"):
-        from minillm.kernels import rmsnorm as kernel
-
-        if eps_mode != "inside" or not affine:
-            raise ConfigError("fused_rmsnorm supports eps_mode='inside' with affine=True only; "
-                             "use norm=rmsnorm for other options")
-        kernel.require_fused()
-        self._fused = kernel.fused_rms_norm
-        super().__init__(dim, eps, eps_mode, affine, zero_centered, cast)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._fused(x, self.weight, self.eps, offset=1.0 if self.zero_centered else 0.0, cast=self.cast)
+from minillm.errors import ConfigError, check_choice, check_int, check_number, invalid
+from minillm.norms.base import _AffineNorm, _inv_scale
 
 
 class BatchNorm(_AffineNorm):
@@ -170,10 +36,9 @@ class BatchNorm(_AffineNorm):
     def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
                  bias: bool = True, zero_centered: bool = False, momentum: float = 0.1,
                  stats: str = "position", max_seq_len: int | None = None, sync: bool = False):
-        _check_choice("stats", stats, self.STATS)
+        check_choice("stats", stats, self.STATS)
         self.sync = bool(sync)
-        if not 0.0 <= momentum <= 1.0:
-            raise ConfigError(f"momentum={momentum} must be in [0, 1]")
+        check_number("momentum", momentum, low=0.0, high=1.0)
         if stats == "position" and (max_seq_len is None or max_seq_len <= 0):
             raise ConfigError("batchnorm with stats='position' needs max_seq_len (a positive int)")
         self.momentum, self.stats, self.max_seq_len = momentum, stats, max_seq_len
@@ -223,79 +88,6 @@ class BatchNorm(_AffineNorm):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", momentum={self.momentum}, stats={self.stats}, sync={self.sync}"
-
-
-class DyT(nn.Module):
-    """Dynamic Tanh (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025).
-
-    y = weight * tanh(alpha * x) + bias, elementwise: no statistics at all. ``alpha`` is one learnable
-    scalar (shape (1,)) initialized to ``alpha0``; ``weight`` (gamma) starts at 1 and ``bias`` (beta) at 0,
-    both of size C. |y| <= |weight| + |bias| elementwise whatever x is. ``eps`` is accepted and unused.
-
-    alpha0: the paper's default is 0.5 and works unchanged for its non-LLM models; for LLaMA it tunes
-    alpha0, larger for the DyT before attention than for the others and smaller the wider the model
-    (e.g. 0.8 before attention, 0.2 elsewhere at 7B). minillm uses one alpha0 for every DyT layer of a run.
-    As a Post-LN norm (on the residual stream) alpha0 = 0.5 halves the stream at every sublayer
-    (tanh(x / 2) ~ x / 2 near 0); alpha0 = 1 does not.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5, alpha0: float = 0.5, affine: bool = True,
-                 bias: bool = True):
-        super().__init__()
-        if dim <= 0:
-            raise ConfigError(f"dim={dim} must be a positive integer")
-        if not (math.isfinite(alpha0) and alpha0 > 0):
-            raise ConfigError(f"alpha0={alpha0} must be a finite number > 0")
-        self.dim, self.alpha0 = dim, float(alpha0)
-        self.alpha = nn.Parameter(torch.empty(1))
-        self.weight = nn.Parameter(torch.empty(dim)) if affine else None
-        self.bias = nn.Parameter(torch.empty(dim)) if affine and bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.constant_(self.alpha, self.alpha0)
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.tanh(self.alpha.float() * x.float())  # (B, T, C)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        if self.bias is not None:
-            y = y + self.bias.float()
-        return y.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, alpha0={self.alpha0}"
-
-
-class ScaleNorm(nn.Module):
-    """ScaleNorm (Nguyen & Salazar, "Transformers without Tears", IWSLT 2019).
-
-    y = g * x / max(||x||_2, eps) over the last dim, with ONE learnable scalar g (``weight``, shape (1,))
-    initialized to sqrt(C): every position comes out with L2 norm |g|, whatever its scale.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        if dim <= 0:
-            raise ConfigError(f"dim={dim} must be a positive integer")
-        self.dim, self.eps = dim, float(eps)
-        self.weight = nn.Parameter(torch.empty(1))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.constant_(self.weight, math.sqrt(self.dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        norm = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).clamp_min(self.eps)  # (B, T, 1)
-        return (x32 * (self.weight.float() / norm)).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
 
 
 class _PowerNormApproxGrad(torch.autograd.Function):
@@ -379,15 +171,13 @@ class PowerNorm(_AffineNorm):
                  bias: bool = True, zero_centered: bool = False, alpha_fwd: float = 0.9,
                  alpha_bwd: float = 0.9, warmup_steps: int = 0, group_scaling: int = 0,
                  stats: str = "position", max_seq_len: int | None = None, sync: bool = False):
-        _check_choice("stats", stats, self.STATS)
+        check_choice("stats", stats, self.STATS)
         self.sync = bool(sync)
         for name, a in (("alpha_fwd", alpha_fwd), ("alpha_bwd", alpha_bwd)):
-            if not 0.0 <= a <= 1.0:
-                raise ConfigError(f"{name}={a} must be in [0, 1]")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ConfigError(f"warmup_steps={warmup_steps!r} must be an integer >= 0")
+            check_number(name, a, low=0.0, high=1.0)
+        check_int("warmup_steps", warmup_steps, low=0)
         if not isinstance(group_scaling, int) or group_scaling < 0 or (group_scaling and dim % group_scaling):
-            raise ConfigError(f"group_scaling={group_scaling!r} must be 0 (off) or a divisor of dim={dim}")
+            raise invalid("group_scaling", group_scaling, f"0 (off) or a divisor of dim={dim}")
         if stats == "position" and (max_seq_len is None or max_seq_len <= 0):
             raise ConfigError("powernorm with stats='position' needs max_seq_len (a positive int)")
         self.alpha_fwd, self.alpha_bwd, self.warmup_steps = float(alpha_fwd), float(alpha_bwd), warmup_steps
@@ -444,73 +234,3 @@ class PowerNorm(_AffineNorm):
         return (super().extra_repr() + f", alpha_fwd={self.alpha_fwd}, alpha_bwd={self.alpha_bwd}, "
                 f"warmup_steps={self.warmup_steps}, group_scaling={self.group_scaling}, stats={self.stats}, "
                 f"sync={self.sync}")
-
-
-class NoNorm(nn.Module):
-    """Identity: the no-normalization baseline."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.dim = dim
-
-    def reset_parameters(self) -> None:
-        pass
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-
-NORMS: dict[str, type[nn.Module]] = {
-    "layernorm": LayerNorm,
-    "rmsnorm": RMSNorm,
-    "fused_rmsnorm": FusedRMSNorm,
-    "batchnorm": BatchNorm,
-    "none": NoNorm,
-    "dyt": DyT,
-    "powernorm": PowerNorm,
-    "scalenorm": ScaleNorm,
-}
-
-
-def norm_options(name: str) -> list[str]:
-    """The keyword options a norm accepts besides dim and eps."""
-    params = inspect.signature(NORMS[name].__init__).parameters
-    return [p for p in params if p not in ("self", "dim", "eps")]
-
-
-def canonical_norm(name: Any) -> Any:
-    """The norm whose weights and function ``name`` has: fused_rmsnorm is rmsnorm. Checkpoints move between
-    them (resume checks), and tools that load a checkpoint (hub, export) build it as rmsnorm, which runs anywhere."""
-    cls = NORMS.get(name) if isinstance(name, str) else None
-    return getattr(cls, "same_as", None) or name
-
-
-def canonical_norms(model: dict) -> dict:
-    """A model config dict with every norm name canonical: norm, qk_norm and the per-layer overrides."""
-    layers = [{**s, **({"norm": canonical_norm(s["norm"])} if "norm" in s else {})} for s in model.get("layers") or []]
-    return {**model, "norm": canonical_norm(model.get("norm")), "qk_norm": canonical_norm(model.get("qk_norm")),
-            "layers": layers or model.get("layers")}
-
-
-def batch_statistics(name: str, options: dict) -> bool:
-    """The norm ``name`` with these options normalizes each position by the current batch's statistics over
-    the batch alone (BatchNorm, stats="position"): a batch of one gives it a variance of 0. (PowerNorm divides
-    by running statistics in training too.)"""
-    cls = NORMS.get(name)
-    if cls is None or not getattr(cls, "normalizes_by_the_batch", False):
-        return False
-    default = inspect.signature(cls.__init__).parameters["stats"].default
-    return options.get("stats", default) == "position"
-
-
-def build_norm(name: str, dim: int, eps: float = 1e-5, **options) -> nn.Module:
-    """Build the norm called ``name`` over the last dimension of size ``dim``."""
-    if name not in NORMS:
-        raise ConfigError(f"unknown norm {name!r}; valid names: {', '.join(sorted(NORMS))}")
-    unknown = sorted(set(options) - set(norm_options(name)))
-    if unknown:
-        raise ConfigError(f"norm {name!r} does not take option(s) {unknown}; "
-                         f"it takes: {', '.join(norm_options(name)) or 'none'}")
-    if not (eps >= 0 and math.isfinite(eps)):
-        raise ConfigError(f"eps={eps} must be a finite number >= 0")
-    return NORMS[name](dim, eps, **options)

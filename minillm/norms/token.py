@@ -1,0 +1,164 @@
+"""The norms that normalize each token by itself: LayerNorm, RMSNorm (and its fused kernel), DyT, ScaleNorm, and
+no norm."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from minillm.errors import ConfigError, check_choice, check_int, check_number
+from minillm.norms.base import _AffineNorm, _inv_scale
+
+
+class LayerNorm(_AffineNorm):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last dim, with the biased variance (divide by C)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
+                 bias: bool = True, zero_centered: bool = False):
+        super().__init__(dim, eps, eps_mode, affine, bias, zero_centered)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()  # (B, T, C)
+        mu = x32.mean(-1, keepdim=True)  # (B, T, 1)
+        xc = x32 - mu
+        var = (xc * xc).mean(-1, keepdim=True)  # biased: / C, not / (C - 1)
+        return self._affine32(xc * _inv_scale(var, self.eps, self.eps_mode)).to(x.dtype)
+
+
+class RMSNorm(_AffineNorm):
+    """LLaMA's RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. No centering, no bias, C parameters.
+
+    cast="llama": normalize in fp32, cast to the input dtype, then multiply by the gain (LLaMA's order);
+    cast="fp32": multiply by the gain in fp32 and cast once at the end.
+    """
+
+    CASTS = ("llama", "fp32")
+
+    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
+                 zero_centered: bool = False, cast: str = "llama"):
+        check_choice("cast", cast, self.CASTS)
+        self.cast = cast
+        super().__init__(dim, eps, eps_mode, affine, False, zero_centered)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()  # (B, T, C)
+        x_hat = x32 * _inv_scale(x32.pow(2).mean(-1, keepdim=True), self.eps, self.eps_mode)
+        g = self.gain()
+        if g is None:
+            return x_hat.to(x.dtype)
+        if self.cast == "llama":
+            return x_hat.to(x.dtype) * g.to(x.dtype)
+        return (x_hat * g.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", cast={self.cast}"
+
+
+class FusedRMSNorm(RMSNorm):
+    """RMSNorm computed by the Triton kernel of ``minillm.kernels.rmsnorm``; same parameters and state_dict.
+
+    Built only where the kernel can run (CUDA, or TRITON_INTERPRET=1 on the CPU); never falls back.
+    """
+
+    kernel = "triton"  # runs a compiled kernel (tests: tests/test_kernels.py, under the interpreter on a CPU)
+    same_as = "rmsnorm"  # same state_dict and function: checkpoints move between them (canonical_norm)
+
+    def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
+                 zero_centered: bool = False, cast: str = "llama"):
+        from minillm.kernels import rmsnorm as kernel
+
+        if eps_mode != "inside" or not affine:
+            raise ConfigError("fused_rmsnorm supports eps_mode='inside' with affine=True only; "
+                             "use norm=rmsnorm for other options")
+        kernel.require_fused()
+        self._fused = kernel.fused_rms_norm
+        super().__init__(dim, eps, eps_mode, affine, zero_centered, cast)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._fused(x, self.weight, self.eps, offset=1.0 if self.zero_centered else 0.0, cast=self.cast)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025).
+
+    y = weight * tanh(alpha * x) + bias, elementwise: no statistics at all. ``alpha`` is one learnable
+    scalar (shape (1,)) initialized to ``alpha0``; ``weight`` (gamma) starts at 1 and ``bias`` (beta) at 0,
+    both of size C. |y| <= |weight| + |bias| elementwise whatever x is. ``eps`` is accepted and unused.
+
+    alpha0: the paper's default is 0.5 and works unchanged for its non-LLM models; for LLaMA it tunes
+    alpha0, larger for the DyT before attention than for the others and smaller the wider the model
+    (e.g. 0.8 before attention, 0.2 elsewhere at 7B). minillm uses one alpha0 for every DyT layer of a run.
+    As a Post-LN norm (on the residual stream) alpha0 = 0.5 halves the stream at every sublayer
+    (tanh(x / 2) ~ x / 2 near 0); alpha0 = 1 does not.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, alpha0: float = 0.5, affine: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        check_int("dim", dim, low=1)
+        check_number("alpha0", alpha0, low=0.0, low_open=True)
+        self.dim, self.alpha0 = dim, float(alpha0)
+        self.alpha = nn.Parameter(torch.empty(1))
+        self.weight = nn.Parameter(torch.empty(dim)) if affine else None
+        self.bias = nn.Parameter(torch.empty(dim)) if affine and bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.alpha, self.alpha0)
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha.float() * x.float())  # (B, T, C)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, alpha0={self.alpha0}"
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm (Nguyen & Salazar, "Transformers without Tears", IWSLT 2019).
+
+    y = g * x / max(||x||_2, eps) over the last dim, with ONE learnable scalar g (``weight``, shape (1,))
+    initialized to sqrt(C): every position comes out with L2 norm |g|, whatever its scale.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        check_int("dim", dim, low=1)
+        self.dim, self.eps = dim, float(eps)
+        self.weight = nn.Parameter(torch.empty(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, math.sqrt(self.dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()  # (B, T, C)
+        norm = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).clamp_min(self.eps)  # (B, T, 1)
+        return (x32 * (self.weight.float() / norm)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+class NoNorm(nn.Module):
+    """Identity: the no-normalization baseline."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.dim = dim
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
