@@ -6,7 +6,9 @@ Every distribution comes from scipy.stats. A difference is always ``arm - baseli
     welch_t(arm, baseline, alpha)      Welch's t interval and p of the difference of means (ttest_ind, equal_var=False)
     bootstrap(arm, baseline, alpha, paired)  BCa bootstrap interval of the same difference (seeded: reproducible)
     exact_ci(k, n, alpha)              Clopper-Pearson interval of a failure rate (binomtest(...).proportion_ci)
-    fisher_p(k_arm, n_arm, k_base, n_base)   Fisher's exact test (two-sided) of two failure counts
+    fisher_p(k_arm, n_arm, k_base, n_base, alternative)   Fisher's exact test of two failure counts (two-sided,
+                                       or one-sided when a pre-registered rule says which arm fails more)
+    sign_test(arm, baseline)           the sign test of paired differences (binomtest, p = 1/2)
     holm(pvalues)                      Holm's step-down adjustment of a family of p-values
     verdict(low, high, margin, higher_is_better)   the verdict vocabulary (VERDICTS)
     seeds_needed(diff, sd, margin, alpha)          pairs a paired t interval would need to decide
@@ -111,12 +113,30 @@ def exact_ci(k: int, n: int, alpha: float = 0.05) -> tuple[float, float] | None:
     return float(ci.low), float(ci.high)
 
 
-def fisher_p(k_arm: int, n_arm: int, k_baseline: int, n_baseline: int) -> float | None:
-    """Two-sided p of Fisher's exact test of the 2x2 table [[k_arm, n_arm - k_arm], [k_base, n_base - k_base]];
-    None when an arm has no runs."""
+FISHER_ALTERNATIVES = ("two-sided", "greater", "less")
+
+
+def fisher_p(k_arm: int, n_arm: int, k_baseline: int, n_baseline: int, alternative: str = "two-sided") -> float | None:
+    """p of Fisher's exact test of the 2x2 table [[k_arm, n_arm - k_arm], [k_base, n_base - k_base]]; None when an
+    arm has no runs. ``alternative``: two-sided (the default, what a comparison reports), or greater / less: the
+    one-sided p of "the arm has events more / less often than the baseline" (for greater, the hypergeometric
+    probability of k_arm or more of the k_arm + k_base events falling on the arm), for a rule that fixed the
+    direction before the runs."""
+    if alternative not in FISHER_ALTERNATIVES:
+        raise ValueError(f"alternative {alternative!r}; allowed: {', '.join(FISHER_ALTERNATIVES)}")
     if n_arm == 0 or n_baseline == 0:
         return None
-    return float(stats.fisher_exact([[k_arm, n_arm - k_arm], [k_baseline, n_baseline - k_baseline]]).pvalue)
+    table = [[k_arm, n_arm - k_arm], [k_baseline, n_baseline - k_baseline]]
+    return float(stats.fisher_exact(table, alternative=alternative).pvalue)
+
+
+def sign_test(arm: Sequence[float], baseline: Sequence[float]) -> dict:
+    """The sign test of the paired differences arm[i] - baseline[i]: {lower (pairs with arm < baseline), higher,
+    ties (left out), p: two-sided binomtest of lower of lower + higher at 1/2 (None without an untied pair)}."""
+    d = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)
+    lower, higher = int((d < 0).sum()), int((d > 0).sum())
+    p = float(stats.binomtest(lower, lower + higher).pvalue) if lower + higher else None
+    return {"lower": lower, "higher": higher, "ties": len(d) - lower - higher, "p": p}
 
 
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:

@@ -76,9 +76,11 @@ def _normalized(path: Path, committed_machine: str) -> str:
 
 
 def _same_as_committed(folder: str, out: Path) -> None:
+    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the study commits them."""
     committed = EXPERIMENTS / folder
     committed_machine = json.loads((committed / "results.json").read_text())["machine"]
-    for name in ("results.json", "results.md"):
+    names = ["results.json", "results.md", *(n for n in ("verdicts.json", "verdicts.md") if (committed / n).exists())]
+    for name in names:
         assert _normalized(out / name, committed_machine) == (committed / name).read_text(), f"{folder}/{name}"
 
 
@@ -99,6 +101,47 @@ def test_every_analysis_regenerates_the_committed_results(module, tmp_path):
     subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=300,
                    capture_output=True)
     _same_as_committed(ANALYSES[module], tmp_path)
+
+
+# Every interval, test and verdict of a study comes from minillm.verdicts / minillm.compare: no module under
+# experiments/ imports a statistics library or calls a distribution or a test itself. A study that needs another
+# statistic names its file here with the reason (none does: the growth exponents of S1 and S5 are numpy
+# least-squares fits, and the benchmarks take medians).
+STATISTICS_LIBRARIES = ("scipy", "statsmodels", "pingouin")
+STATISTICS_CALLS = {"ppf", "cdf", "sf", "isf", "ttest_rel", "ttest_ind", "ttest_1samp", "fisher_exact", "binomtest",
+                    "binom_test", "barnard_exact", "boschloo_exact", "proportion_ci", "mannwhitneyu", "wilcoxon",
+                    "NormalDist", "comb"}
+STATISTICS_ALLOWED: dict[str, str] = {}  # "experiments/<path>.py": "why it needs its own statistic"
+
+
+def _statistics_of(path: Path) -> list[str]:
+    """The statistics libraries a module imports and the statistical functions it calls or imports by name."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in STATISTICS_LIBRARIES]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[0] in STATISTICS_LIBRARIES:
+                found.append(module)
+            found += [f"{module}.{a.name}" for a in node.names if a.name in STATISTICS_CALLS]
+        elif isinstance(node, ast.Attribute) and node.attr in STATISTICS_CALLS:
+            found.append(f".{node.attr}")
+    return found
+
+
+def test_studies_take_every_statistic_from_the_engine(tmp_path):
+    """No study re-implements what minillm.verdicts has (a t interval, a Fisher or binomial test, a hypergeometric
+    sum): the statistics live in one place."""
+    offenders = {str(p.relative_to(ROOT)): found for p in sorted(EXPERIMENTS.rglob("*.py"))
+                 if (found := _statistics_of(p)) and str(p.relative_to(ROOT)) not in STATISTICS_ALLOWED}
+    assert not offenders, offenders
+    bad = tmp_path / "copy.py"  # the check sees each way a copy could come back
+    bad.write_text("from scipy import stats\nimport math\nfrom statistics import NormalDist\n"
+                   "h = stats.t.ppf(0.975, 3)\np = math.comb(10, 4)\n")
+    assert sorted(_statistics_of(bad)) == [".comb", ".ppf", "scipy", "statistics.NormalDist"]
 
 
 def test_run_kernels_counts_what_the_runs_recorded():
@@ -169,12 +212,14 @@ def test_independent_loop_has_the_default_models_size():
 
 
 def test_s6_quality_rules():
-    """Round 1's committed numbers come back from its runs; round 2's paired interval decides as written."""
+    """Both rounds' committed numbers come back from their runs; round 2's paired interval decides as written."""
     from experiments.s6_cost import quality
 
-    committed = json.loads((EXPERIMENTS / "s6_cost" / "quality.json").read_text())
-    again = quality.analyze(committed["runs"], committed["seeds"])
-    assert again == {k: committed[k] for k in again}
+    for name in ("quality.json", "quality_seeds10.json"):
+        committed = json.loads((EXPERIMENTS / "s6_cost" / name).read_text())
+        again = quality.analyze(committed["runs"], committed["seeds"])
+        assert again == {k: committed[k] for k in again}, name
+        assert quality.verdicts(committed)["comparisons"][0]["verdict"] == committed["engine_verdict"]
 
     def verdict(diffs):
         runs = [dict(norm=n, seed=s, final_val_loss=2.0 + 0.01 * (s % 3) + (d if n == "rmsnorm" else 0.0))
@@ -185,6 +230,27 @@ def test_s6_quality_rules():
     assert verdict([-0.05, -0.06, -0.04, -0.05]) == "difference: rmsnorm better"
     assert verdict([0.004, 0.006, 0.005, 0.005]) == "parity (a difference inside the margin: layernorm better)"
     assert verdict([0.05, -0.06, 0.04, -0.03]) == "inconclusive"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["quality", "quality_seeds10"])
+def test_s6_quality_reanalysis_regenerates_the_committed_results(name, tmp_path):
+    """python -m experiments.s6_cost.quality --reanalyze: the committed JSON and its _verdicts/ folder again."""
+    committed = EXPERIMENTS / "s6_cost"
+    subprocess.run([sys.executable, "-m", "experiments.s6_cost.quality", "--reanalyze", str(committed / f"{name}.json"),
+                    "--out", str(tmp_path / f"{name}.json")], cwd=ROOT, check=True, timeout=300, capture_output=True)
+    assert (tmp_path / f"{name}.json").read_text() == (committed / f"{name}.json").read_text()
+    for file in ("verdicts.json", "verdicts.md"):
+        assert (tmp_path / f"{name}_verdicts" / file).read_text() == (committed / f"{name}_verdicts" / file).read_text()
+
+
+def test_calibration_judgement_comes_back_from_the_committed_runs():
+    """The independent calibration's committed judgement (with Welch's interval) from its committed pairs."""
+    from experiments.calibration import independent
+
+    committed = json.loads(independent.RESULTS.read_text())
+    assert independent.judge(committed["pairs"]) == committed["verdict"]
+    assert committed["verdict"]["within_target"] and committed["verdict"]["engine_verdict"] == "equivalent"
 
 
 def test_s8_dyt_rules():

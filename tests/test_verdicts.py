@@ -13,7 +13,7 @@ from scipy import stats
 
 from minillm.compare import CompareError, compare, strata_keys, tuning_loss
 from minillm.report import find_runs
-from minillm.verdicts import bootstrap, exact_ci, fisher_p, holm, paired_t, seeds_needed, verdict, welch_t
+from minillm.verdicts import bootstrap, exact_ci, fisher_p, holm, paired_t, seeds_needed, sign_test, verdict, welch_t
 
 LOSS_INIT, UNIGRAM = math.log(65), 3.0
 LRS = (1e-3, 3e-3, 1e-2, 3e-2)
@@ -97,9 +97,24 @@ def test_exact_failure_intervals_fisher_and_holm_known_answers():
     assert exact_ci(0, 0) is None
     assert fisher_p(6, 10, 0, 10) == pytest.approx(0.010836, abs=1e-6)  # twice S7's one-sided 0.0054
     assert fisher_p(3, 8, 0, 8) == pytest.approx(0.2)
+    # one-sided (a rule that fixed the direction first): C(10,6) C(10,0) / C(20,6) = 210 / 38760; 4 of 4 on the arm
+    assert fisher_p(6, 10, 0, 10, "greater") == pytest.approx(210 / 38760)
+    assert fisher_p(4, 10, 0, 10, "greater") == pytest.approx(math.comb(10, 4) / math.comb(20, 4))
+    assert fisher_p(0, 10, 6, 10, "less") == pytest.approx(210 / 38760) and fisher_p(6, 10, 0, 10, "less") == 1.0
+    with pytest.raises(ValueError, match="alternative"):
+        fisher_p(1, 2, 0, 2, "one-sided")
     # Holm: sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
     assert holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
     assert holm([0.5, 0.6]) == [1.0, 1.0]
+
+
+def test_sign_test_known_answers():
+    # 2 of 10 pairs lower: P(X <= 2) + P(X >= 8) for X ~ Bin(10, 1/2) = 2 x 56 / 1024; a tie is left out
+    got = sign_test([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [2, 3] + [0] * 8)
+    assert (got["lower"], got["higher"], got["ties"]) == (2, 8, 0) and got["p"] == pytest.approx(112 / 1024)
+    got = sign_test([1.0, 2.0, 3.0], [1.0, 1.0, 1.0])
+    assert (got["lower"], got["higher"], got["ties"], got["p"]) == (0, 2, 1, 0.5)
+    assert sign_test([1.0], [1.0])["p"] is None
 
 
 def test_the_verdict_vocabulary():

@@ -8,10 +8,13 @@ loop's own evaluation of the last 10% of the characters).
 
 Criterion, fixed before the runs: |mean test loss of train.py - mean test loss of the loop| < TARGET nats
 over SEEDS. The seeds' spread is reported beside it (the two arms draw different windows and init values, so
-a seed of one arm is not paired with the same seed of the other).
+a seed of one arm is not paired with the same seed of the other), and, beside the criterion without deciding
+anything, Welch's 95% interval of the difference with the engine's word for it at the margin TARGET
+(minillm.verdicts.welch_t, verdict).
 
     .venv/bin/python -m experiments.calibration.independent             # ~25 min on 2 cores
     .venv/bin/python -m experiments.calibration.independent --report    # tables from the committed JSON
+    .venv/bin/python -m experiments.calibration.independent --rejudge   # judge the committed runs again (no training)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common.machine import machine
+from minillm import verdicts as st
 
 OUT = Path(__file__).parent
 ROOT = OUT.parents[1]
@@ -78,7 +82,8 @@ def judge(pairs: list[dict]) -> dict:
             "train_py_seed_range": max(lit) - min(lit), "loop_seed_range": max(loop) - min(loop),
             "train_py_seed_sd": statistics.stdev(lit) if len(lit) > 1 else None,
             "loop_seed_sd": statistics.stdev(loop) if len(loop) > 1 else None,
-            "within_target": abs(diff) < TARGET}
+            "within_target": abs(diff) < TARGET, "welch_t": (t := st.welch_t(lit, loop)),
+            "engine_verdict": st.verdict(t["ci_low"], t["ci_high"], TARGET)}
 
 
 def report(res: dict) -> str:
@@ -93,18 +98,29 @@ def report(res: dict) -> str:
         f"Machine: {res['machine']}. Target |difference| < {res['target']} nats.", "", *rows, "",
         f"Difference of the means (train.py - loop): **{v['difference']:+.4f} nats**; seed ranges "
         f"{v['train_py_seed_range']:.4f} (train.py) and {v['loop_seed_range']:.4f} (loop); "
-        f"{'within' if v['within_target'] else 'outside'} the target."])
+        f"{'within' if v['within_target'] else 'outside'} the target."
+        + (f" Welch's 95% interval [{v['welch_t']['ci_low']:+.4f}, {v['welch_t']['ci_high']:+.4f}]: "
+           f"{v['engine_verdict']} at the margin {res['target']} (minillm.verdicts; beside the criterion)."
+           if v.get("welch_t", {}).get("ci_low") is not None else "")])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--report", action="store_true", help="print the table of the committed results")
+    ap.add_argument("--rejudge", action="store_true", help="judge the committed runs again (no training) and "
+                    "rewrite the committed results")
     ap.add_argument("--work", type=Path, default=ROOT / "logs" / "calibration_independent",
                     help="where the text file and the runs go (git-ignored logs/ by default)")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = ap.parse_args(argv)
     if args.report:
         print(report(json.loads(RESULTS.read_text())))
+        return
+    if args.rejudge:
+        res = json.loads(RESULTS.read_text())
+        res["verdict"] = judge(res["pairs"])
+        RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        print(report(res))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     text = corpus_file(args.work)

@@ -1,4 +1,4 @@
-"""Shared plumbing of the sweep studies' analysis scripts (S2-S5, S7).
+"""Shared plumbing of the sweep studies' analysis scripts (S2-S5, S7-S10).
 
 A study runs ``python train.py -m experiment=<study>``; the runs land in ``logs/<study>/multiruns/<time>/``.
 Its ``analyze`` module reads them from disk with :func:`load`, computes the study's table, and writes the compact
@@ -6,7 +6,9 @@ artefacts that are committed: ``runs.jsonl`` (every run's summary.json), ``curve
 its plots use), ``results.json`` and ``results.md``, and PNGs, into the study's folder or ``--out DIR``. With no
 sweep folder given it re-analyzes the committed ``runs.jsonl`` / ``curves.json``, so tables and plots can be
 regenerated without rerunning the sweep. A run's outcome (diverged, failed, stalled, the loss compared) is
-minillm.outcome's rule, read through the helpers below.
+minillm.outcome's rule, read through the helpers below. Every interval, test and verdict word comes from
+minillm.verdicts (``paired`` below pairs two arms by seed for its paired t interval) or minillm.compare (a
+study's ``verdicts.json``: what ``minillm-report --compare`` gives for the same runs), never from a copy.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from minillm import verdict_report
+from minillm import verdicts as st
 from minillm.report import find_runs
 
 
@@ -44,13 +48,16 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
 
 def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
                   analyze: Callable[[Runs], tuple[dict, str]], plot: Callable[[Runs, Path], None] | None,
-                  argv: Sequence[str] | None = None) -> None:
+                  argv: Sequence[str] | None = None, engine: Callable[[Runs], dict] | None = None) -> None:
     """A study's analysis CLI: its runs (sweep folders, or the committed copy in ``folder``), keeping the curves
-    ``metrics`` selects; ``analyze`` gives results.json's dict and results.md's text; ``plot`` draws from the runs."""
+    ``metrics`` selects; ``analyze`` gives results.json's dict and results.md's text; ``plot`` draws from the runs;
+    ``engine`` gives verdicts.json's dict (minillm.compare.compare on the runs)."""
     args = parse_args(doc, argv)
     out = args.out or folder
     runs = load(folder, args.sweeps, metrics, out)
     write(out, *analyze(runs))
+    if engine is not None:
+        write_verdicts(out, engine(runs))
     if plot is not None:
         plot(runs, out)
 
@@ -82,7 +89,38 @@ def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool]
                 for s, c in zip(summaries, curves, strict=True))
 
 
-# --- a run's outcome, by minillm.outcome's rule ------------------------------------------------------------
+# --- comparisons, by minillm.verdicts ------------------------------------------------------------------------
+
+
+def paired(arm: Mapping[Any, float | None], baseline: Mapping[Any, float | None], alpha: float = 0.05) -> dict:
+    """minillm.verdicts.paired_t of arm[seed] - baseline[seed] over the seeds both hold a number for (in seed
+    order), with ``seeds`` added: {diff, ci_low, ci_high, p, sd, n, method, seeds}. The interval a study gives a
+    difference of seed means; with fewer than 2 pairs its ends are None."""
+    seeds = sorted(s for s in arm if s in baseline and arm[s] is not None and baseline[s] is not None)
+    return {**st.paired_t([arm[s] for s in seeds], [baseline[s] for s in seeds], alpha), "seeds": seeds}
+
+
+def by_seed(runs: Iterable[dict], value: Callable[[dict], float | None]) -> dict[Any, float | None]:
+    """seed -> value(run) of the runs of one arm."""
+    return {r["seed"]: value(r) for r in runs}
+
+
+def ci(result: Mapping[str, Any], digits: int = 3) -> str:
+    """A paired_t / welch_t result's interval as "[-0.011, +0.033]" ("-" without one)."""
+    low, high = result.get("ci_low"), result.get("ci_high")
+    return "-" if low is None or high is None else f"[{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def rate_ci(k: int, n: int, digits: int = 2) -> str:
+    """k/n with the Clopper-Pearson 95% interval of the rate (minillm.verdicts.exact_ci): "6/10 [0.26, 0.88]"."""
+    interval = st.exact_ci(k, n)
+    return f"{k}/{n}" + ("" if interval is None else f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]")
+
+
+def write_verdicts(folder: Path, verdicts: dict[str, Any]) -> None:
+    """verdicts.json, verdicts.md and verdicts.png of minillm.compare's dict for the study's runs, written as
+    ``minillm-report --compare`` writes them (minillm.verdict_report)."""
+    verdict_report.write(verdicts, folder)
 
 
 # --- tables ------------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ Hypotheses (Li et al. 2024, "Mix-LN: Unleashing the Power of Deeper Layers by Co
      Mix / Pre >= MATTER (seed means). Confirmed: at both depths; partly: one; not at this scale: neither.
   M3 Mix-LN trains better than Pre-LN: mean val loss lower by >= GAP. Confirmed: at both depths; partly: one;
      not at this scale: neither. (Against Post-LN: reported.)
+Beside M3's rule, not part of it: the 95% paired t interval of each difference over the seeds
+(minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each placement against Pre-LN
+per depth, margin GAP (what `minillm-report <sweep> --compare placement --baseline pre` gives).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from torch import nn
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write, write_verdicts
+from minillm.compare import compare
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss
 
@@ -137,7 +141,12 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           if cells["pre", L]["deep_drop"] and cells["mix", L]["deep_drop"] is not None else None for L in DEPTHS}
     m3 = {L: cells["pre", L]["val"] - cells["mix", L]["val"] for L in DEPTHS}
     m3_post = {L: cells["post", L]["val"] - cells["mix", L]["val"] for L in DEPTHS}
-    fmt = lambda d: ", ".join(f"L={L}: {v:+.3f}" if v is not None else f"L={L}: -" for L, v in d.items())  # noqa: E731
+    m3_ci = {(p, L): ci(paired(*(by_seed(runs.where(placement=q, n_layers=L), final_loss) for q in (p, "mix"))))
+             for p in ("pre", "post") for L in DEPTHS}
+
+    def fmt(d: dict, p: str) -> str:
+        return ", ".join(f"L={L}: {v:+.3f} {m3_ci[p, L]}" if v is not None else f"L={L}: -" for L, v in d.items())
+
     verdicts = {
         "M1": (graded(sum(m1), 3 * len(DEPTHS)), f"{sum(m1)} of {3 * len(DEPTHS)} parts hold; tilt " + "; ".join(
             f"L={L}: " + ", ".join(f"{p} {cells[p, L]['tilt']:.2f}" for p in PLACEMENTS if cells[p, L]["tilt"])
@@ -146,10 +155,12 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                "Mix / Pre deep-layer drop " + ", ".join(f"L={L}: {v:.2f}" if v is not None else f"L={L}: -"
                                                         for L, v in m2.items())),
         "M3": (graded(sum(v >= GAP for v in m3.values()), len(DEPTHS)),
-               "Pre - Mix val loss " + fmt(m3) + "; Post - Mix " + fmt(m3_post)),
+               "Pre - Mix val loss " + fmt(m3, "pre") + "; Post - Mix " + fmt(m3_post, "post")),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n\n"
+          f"Beside M3's rule, not part of it: each difference's 95% paired t interval over the seeds "
+          f"(minillm.verdicts), in brackets. verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()], "verdicts": verdicts,
             "machine": machine()}, md
 
@@ -185,7 +196,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         r["layer_drop"] = drops.get(key(r))
     results, md = analyze(runs)
     write(out, results, md)
+    write_verdicts(out, engine(runs))
     plot(runs, out)
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare, each placement against Pre-LN per depth, margin GAP."""
+    return compare(runs, "placement", "pre", margin=GAP)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ lowers the loss):
   C2 LNS's deep layers matter more: layer-drop loss of the second half, LNS / Pre-LN >= MATTER (seed means).
      Graded as C1.
   C3 LNS trains better: Pre-LN's val loss - LNS's >= GAP. Graded as C1. (Against Mix-LN: reported.)
+Beside C3's rule, not part of it: the 95% paired t interval of each difference over the seeds
+(minillm.verdicts.paired_t).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common.machine import machine
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write
 from experiments.s10_mixln import analyze as s10
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss
@@ -80,15 +82,23 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     c2 = {L: ratio("deep_drop", "pre+LNS", "pre", L) for L in s10.DEPTHS}
     c3 = {L: cells["pre", L]["val"] - cells["pre+LNS", L]["val"] for L in s10.DEPTHS}
     vs_mix = {L: cells["mix", L]["val"] - cells["pre+LNS", L]["val"] for L in s10.DEPTHS}
+    c3_ci = {(v, L): ci(paired(*(by_seed((r for r in runs if variant(r) == w and r["n_layers"] == L), final_loss)
+                                 for w in (v, "pre+LNS")))) for v in ("pre", "mix") for L in s10.DEPTHS}
     fmt = lambda d: ", ".join(f"L={L}: {v:.3f}" if v is not None else f"L={L}: -" for L, v in d.items())  # noqa: E731
+
+    def fmt_ci(d: dict, v: str) -> str:
+        return ", ".join(f"L={L}: {x:.3f} {c3_ci[v, L]}" if x is not None else f"L={L}: -" for L, x in d.items())
+
     verdicts = {
         "C1": (graded(sum(v is not None and v >= GROWTH for v in c1.values())), "Pre / LNS depth growth " + fmt(c1)),
         "C2": (graded(sum(v is not None and v >= MATTER for v in c2.values())), "LNS / Pre deep-layer drop " + fmt(c2)),
-        "C3": (graded(sum(v >= GAP for v in c3.values())), "Pre - LNS val loss " + fmt(c3) + "; Mix - LNS " +
-               fmt(vs_mix)),
+        "C3": (graded(sum(v >= GAP for v in c3.values())), "Pre - LNS val loss " + fmt_ci(c3, "pre") +
+               "; Mix - LNS " + fmt_ci(vs_mix, "mix")),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n"
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n"
+          f"\nBeside C3's rule, not part of it: each difference's 95% paired t interval over the seeds "
+          f"(minillm.verdicts), in brackets.\n")
     return {"cells": [{"variant": v, "n_layers": L, **c} for (v, L), c in cells.items()], "verdicts": verdicts,
             "machine": machine()}, md
 

@@ -34,6 +34,8 @@ Hypotheses (seed means):
   R2 (the budget): in arm "long", LNS - Pre val loss <= half of arm "round 2"'s. Confirmed / not at this scale.
   R3 (the gains do not grow back): LNS / Pre deep input scale <= SMALL at the end of arm "round 2" and of arm
      "long". Confirmed: both; partly: one; not at this scale: neither.
+Beside R1's and R2's rules, not part of them: the 95% paired t interval of each arm's LNS - Pre val loss over the
+seeds (minillm.verdicts.paired_t).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 import torch
 
 from experiments.common.machine import machine
-from experiments.common.study import Runs, load, mean, table, write
+from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from experiments.s10_mixln import analyze as s10
 from experiments.s10_mixln import lns
 from minillm.outcome import final_loss
@@ -99,6 +101,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         x, y = cells[a, "pre+LNS"]["val"], cells[a, "pre"]["val"]
         return x - y if x is not None and y is not None else None
 
+    def gap_ci(a: str) -> str:
+        return ci(paired(*(by_seed((r for r in runs if arm(r) == a and lns.variant(r) == v and r["n_layers"] == DEPTH),
+                                   final_loss) for v in ("pre+LNS", "pre"))))
+
     def ratio(a: str, measure: str) -> float | None:
         x, y = cells[a, "pre+LNS"][measure], cells[a, "pre"][measure]
         return x / y if x is not None and y else None
@@ -115,9 +121,11 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     r3 = [s is not None and s <= SMALL for s in (s_r2, s_long)]
     verdicts = {
         "R1": (graded(sum(r1), 2),
-               f"unscaled init: LNS - Pre val loss {fmt(g_un)}, LNS / Pre deep drop {fmt(drop_un)}"),
+               f"unscaled init: LNS - Pre val loss {fmt(g_un)} {gap_ci('unscaled')}, LNS / Pre deep drop "
+               f"{fmt(drop_un)}"),
         "R2": ("confirmed" if r2 else "not at this scale",
-               f"LNS - Pre val loss at 1,600 steps {fmt(g_long)} vs 400 steps {fmt(g_r2)}"),
+               f"LNS - Pre val loss at 1,600 steps {fmt(g_long)} {gap_ci('long')} vs 400 steps {fmt(g_r2)} "
+               f"{gap_ci('round 2')}"),
         "R3": (graded(sum(r3), 2),
                f"LNS / Pre deep input scale at 400 steps {fmt(s_r2)}, at 1,600 steps {fmt(s_long)}"),
     }
@@ -125,7 +133,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     tab = table(["arm", "variant", "val loss", "layer-drop loss, 2nd half", "deep input scale", "runs"], rows)
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     md = (f"Machine: {machine()}. L = {DEPTH}, seed means.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)"
-          f"\n\n{vt}\n")
+          f"\n\n{vt}\n\nBeside R1's and R2's rules, not part of them: each val loss difference's 95% paired t "
+          f"interval over the seeds (minillm.verdicts), in brackets.\n")
     return {"cells": [{"arm": a, "variant": v, **c} for (a, v), c in cells.items()], "verdicts": verdicts,
             "machine": machine()}, md
 

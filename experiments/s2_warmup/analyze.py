@@ -3,6 +3,9 @@
     python train.py -m experiment=s2_warmup                          # 72 runs -> logs/s2_warmup/multiruns/<t>/
     python -m experiments.s2_warmup.analyze logs/s2_warmup/multiruns/<t>   # or no argument: committed runs
     python -m experiments.s2_warmup.analyze --out DIR                        # results and plots into DIR
+
+Beside the rules, not part of them: the 95% paired t interval of each warmup gain over the seeds (no warmup - the
+best warmup, paired by seed; minillm.verdicts.paired_t through experiments.common.study.paired).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, analysis_main, fmt, mean, spread, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, fmt, mean, paired, spread, table
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
 
@@ -37,17 +40,21 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                 seed_range = max((spread(loss_for_comparison(r) for r in rs) or 0.0) for rs in by_warmup.values())
                 best_w = min((w for w in losses if w > 0), key=losses.get)
                 gain = losses[0] - losses[best_w]
+                gain_t = paired(by_seed(by_warmup[0], loss_for_comparison),
+                                by_seed(by_warmup[best_w], loss_for_comparison))
                 n_failed = {w: sum(map(failed_of, rs)) for w, rs in by_warmup.items()}
                 gains.append({"n_layers": depth, "placement": placement, "lr": lr, "gain": gain,
                               "seed_range": seed_range, "best_warmup": best_w,
                               "needs": gain >= NEEDS_WARMUP and gain >= 2 * seed_range,
-                              "insensitive": gain <= INSENSITIVE})
-                rows.append([depth, placement, lr, *(losses[w] for w in sorted(losses)), gain, seed_range,
-                             " / ".join(f"{n_failed[w]}" for w in sorted(n_failed))])
+                              "insensitive": gain <= INSENSITIVE,
+                              "gain_ci": [gain_t["ci_low"], gain_t["ci_high"]]})
+                rows.append([depth, placement, lr, *(losses[w] for w in sorted(losses)), gain, ci(gain_t),
+                             seed_range, " / ".join(f"{n_failed[w]}" for w in sorted(n_failed))])
     warmups = runs.values("warmup_steps")
     n_seeds = len(runs.values("seed"))
     main = table(["L", "placement", "lr", *(f"val loss, warmup {w}" for w in warmups), "warmup gain",
-                  "seed range", f"failed of {n_seeds} ({' / '.join(map(str, warmups))})"], rows)
+                  "95% CI of the gain (paired t)", "seed range",
+                  f"failed of {n_seeds} ({' / '.join(map(str, warmups))})"], rows)
 
     post_needs = [g for g in gains if g["placement"] == "post" and g["needs"]]
     pre_insensitive_there = [g for g in gains if g["placement"] == "pre" and g["insensitive"]
@@ -73,7 +80,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"\n\n{main}\n\n### Warmup gain per placement\n\n{summary}\n\nVerdict rule (fixed before the runs): "
           f"confirmed if Post-LN gains >= {NEEDS_WARMUP} nats from warmup somewhere (and >= 2x the seed range) "
           f"while Pre-LN gains <= {INSENSITIVE} at those settings and nowhere needs it; partly if only the "
-          f"first holds. **Verdict: {verdict}.**\n")
+          f"first holds. **Verdict: {verdict}.**\n\nBeside the rule, not part of it: the gain's 95% interval is "
+          f"minillm.verdicts' paired t over the {n_seeds} seeds (no warmup - the best warmup, paired by seed).\n")
     return {"rows": rows, "gains": gains, "verdict": verdict, "machine": machine()}, md
 
 

@@ -18,6 +18,8 @@ Hypotheses (Xiong et al. 2020, "On Layer Normalization in the Transformer Archit
      run without warmup fails (minillm.outcome's rule) while none with warmup does at that lr.
   X2 Pre-LN does not: at every lr its warmup gain is <= INSENSITIVE.
   Confirmed: both; partly: one; not at this scale: neither. (S2 round 1's thresholds.)
+Beside the rules, not part of them (minillm.verdicts): the 95% paired t interval of each warmup gain over the
+seeds, and the two-sided Fisher p of the failures without against with warmup.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, analysis_main, mean, spread, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from experiments.s2_warmup.analyze import INSENSITIVE, NEEDS_WARMUP
+from minillm import verdicts as st
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
 
@@ -49,10 +52,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             loss0, loss1 = mean(map(loss_for_comparison, cold)), mean(map(loss_for_comparison, warm))
             noise = max(spread(map(loss_for_comparison, cold)) or 0, spread(map(loss_for_comparison, warm)) or 0)
             f0, f1 = sum(map(failed_of, cold)), sum(map(failed_of, warm))
-            gains[p, lr] = {"gain": loss0 - loss1, "noise": noise, "failed_cold": f0, "failed_warm": f1}
-            rows.append([p, f"{lr:g}", loss0, loss1, loss0 - loss1, noise, f"{f0} / {f1}"])
-    tab = table(["placement", "lr", "no warmup", f"warmup {WARMUP}", "warmup gain", "seed range",
-                 "failed (no warmup / warmup)"], rows)
+            gain_t = paired(by_seed(cold, loss_for_comparison), by_seed(warm, loss_for_comparison))
+            fisher = st.fisher_p(f0, len(cold), f1, len(warm))
+            gains[p, lr] = {"gain": loss0 - loss1, "noise": noise, "failed_cold": f0, "failed_warm": f1,
+                            "gain_ci": [gain_t["ci_low"], gain_t["ci_high"]], "fisher_p": fisher}
+            rows.append([p, f"{lr:g}", loss0, loss1, loss0 - loss1, ci(gain_t), noise,
+                         f"{f0} / {f1}" + ("" if fisher is None or not f0 + f1 else f", p = {fisher:.2g}")])
+    tab = table(["placement", "lr", "no warmup", f"warmup {WARMUP}", "warmup gain", "95% CI of the gain (paired t)",
+                 "seed range", "failed (no warmup / warmup, Fisher p)"], rows)
     x1_at = [lr for lr in lrs if (gains["post", lr]["gain"] >= NEEDS_WARMUP and
                                    gains["post", lr]["gain"] >= 2 * gains["post", lr]["noise"]) or
              (gains["post", lr]["failed_cold"] and not gains["post", lr]["failed_warm"])]

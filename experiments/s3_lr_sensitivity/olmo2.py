@@ -21,6 +21,8 @@ al. 2023: QK-norm lowers LR sensitivity):
   O2 Each part alone (branch without QK-norm; Pre-LN with QK-norm), by the same rule: reported per part.
   O3 OLMo 2's norms raise the highest stable lr (no seed fails, minillm.outcome's rule) above the baseline's.
   O4 They cost no quality: best seed-mean loss over the grid <= the baseline's + MARGIN. Confirmed / not.
+Beside O4's rule, not part of it: the 95% paired t interval of the difference of the two best cells, paired by seed
+(minillm.verdicts.paired_t). O1-O3 are ratios and an lr, not comparisons of losses.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, analysis_main, mean, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, table
 from minillm.metrics import MAX_ATTN_LOGIT
 from minillm.outcome import failed_of, loss_for_comparison
 from minillm.report import lr_sensitivity
@@ -79,6 +81,11 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     main = table(["variant", *(f"lr {lr:g}" for lr in lrs), "LR sensitivity", "per seed", "best lr", "best loss",
                   "highest stable lr", "diverged", "max attn logit"], rows)
     base, olmo = per[BASELINE], per[OLMO2]
+
+    def best_cell(v: tuple[str, str]) -> dict:
+        return by_seed((r for r in runs if variant(r) == v and r["lr"] == per[v]["best_lr"]), loss_for_comparison)
+
+    quality = paired(best_cell(OLMO2), best_cell(BASELINE))
     verdicts = {
         "O1": ("confirmed" if lowers(olmo, base) else "not at this scale",
                f"{olmo['sensitivity']:.3f} vs {base['sensitivity']:.3f} (ratio "
@@ -91,13 +98,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                else "not at this scale", f"highest stable lr {olmo['highest_stable_lr']} vs "
                                          f"{base['highest_stable_lr']}"),
         "O4": ("confirmed" if olmo["best_loss"] <= base["best_loss"] + MARGIN else "not at this scale",
-               f"best loss {olmo['best_loss']:.3f} vs {base['best_loss']:.3f}"),
+               f"best loss {olmo['best_loss']:.3f} vs {base['best_loss']:.3f} (difference {quality['diff']:+.3f}, "
+               f"95% CI {ci(quality)} paired over {quality['n']} seeds)"),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     md = (f"Machine: {machine()}. {len(runs)} runs, RMSNorm, 2 seeds per cell (losses: seed means, a diverged run "
           f"counts as ln V).\n\n{main}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"variants": [{**m, "loss_by_lr": {str(k): v for k, v in m["loss_by_lr"].items()}}
-                            for m in per.values()], "verdicts": verdicts, "machine": machine()}
+                            for m in per.values()], "verdicts": verdicts, "machine": machine(), "O4_paired_t": quality}
     return results, md
 
 

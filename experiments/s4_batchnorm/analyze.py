@@ -3,6 +3,10 @@
     python train.py -m experiment=s4_batchnorm                      # 18 runs
     python -m experiments.s4_batchnorm.analyze logs/s4_batchnorm/multiruns/<t>   # or no argument
     python -m experiments.s4_batchnorm.analyze --out DIR             # results and plots into DIR
+
+Beside the rules, not part of them: each difference's 95% paired t interval over the seeds both arms trained
+(minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm
+per batch size, margin GAP (what `minillm-report <sweep> --compare norm --baseline layernorm --margin 0.05` gives).
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, analysis_main, mean, spread, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
+from minillm.compare import compare
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
 
@@ -52,9 +57,25 @@ def bn_deviation(run: dict) -> list[tuple[int, float]]:
     return [(s, statistics.fmean(v)) for s, v in sorted(by_step.items())]
 
 
+def val_train_gap(run: dict) -> float | None:
+    """Final val loss (eval mode) - train loss of the last 50 steps (batch statistics)."""
+    v, t = final_loss(run), final_train_loss(run)
+    return v - t if v is not None and t is not None else None
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin GAP."""
+    return compare(runs, "norm", "layernorm", margin=GAP)
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
     batches = runs.values("batch_size")
     cells = {}
+
+    def diff(measure: Callable[[dict], float | None], norm: str, b: int) -> dict:
+        """The paired t interval of norm - LayerNorm at batch b, of ``measure`` per seed."""
+        return paired(*(by_seed(runs.where(norm=n, batch_size=b), measure) for n in (norm, "layernorm")))
+
     for b in batches:
         for norm in NORMS:
             rs = runs.where(norm=norm, batch_size=b)
@@ -77,29 +98,32 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     for b in batches:
         bn, ln = cells[("batchnorm", b)], cells[("layernorm", b)]
         noise = max(bn["val_range"] or 0, ln["val_range"] or 0)
+        interval = ci(diff(final_loss, "batchnorm", b))
         if bn["val"] is None or bn["diverged"]:  # a diverged BatchNorm run is worse by definition
-            diff = "-" if bn["val"] is None else f"{bn['val'] - ln['val']:.3f}"
-            checks.append([f"BN worse than LN at batch {b}", f"{diff} ({bn['diverged']} of {bn['runs']} BN runs "
-                           "diverged)", noise, True])
+            d = "-" if bn["val"] is None else f"{bn['val'] - ln['val']:.3f}"
+            checks.append([f"BN worse than LN at batch {b}", f"{d} ({bn['diverged']} of {bn['runs']} BN runs "
+                           "diverged)", noise, interval, True])
         else:
-            diff = bn["val"] - ln["val"]
-            checks.append([f"BN worse than LN at batch {b}", diff, noise, diff >= GAP and diff >= 2 * noise])
+            d = bn["val"] - ln["val"]
+            checks.append([f"BN worse than LN at batch {b}", d, noise, interval, d >= GAP and d >= 2 * noise])
         if bn["gap"] is not None and ln["gap"] is not None:
             checks.append([f"BN train/eval mismatch beyond LN's at batch {b}", bn["gap"] - ln["gap"], None,
-                           bn["gap"] - ln["gap"] >= MISMATCH])
+                           ci(diff(val_train_gap, "batchnorm", b)), bn["gap"] - ln["gap"] >= MISMATCH])
     small, large = min(batches), max(batches)
     ratio = cells[("batchnorm", small)]["bn_dev"] / cells[("batchnorm", large)]["bn_dev"]
-    checks.append([f"batch statistics deviate more at batch {small} than {large} (ratio)", ratio, None,
+    checks.append([f"batch statistics deviate more at batch {small} than {large} (ratio)", ratio, None, "-",
                    ratio >= NOISIER])
     for b in batches:
         rms, ln = cells[("rmsnorm", b)], cells[("layernorm", b)]
         noise = max(rms["val_range"] or 0, ln["val_range"] or 0)
-        diff = rms["val"] - ln["val"]
-        checks.append([f"RMSNorm within seed noise of LayerNorm at batch {b}", diff, noise,
-                       abs(diff) <= max(GAP, 2 * noise)])
+        d = rms["val"] - ln["val"]
+        checks.append([f"RMSNorm within seed noise of LayerNorm at batch {b}", d, noise,
+                       ci(diff(final_loss, "rmsnorm", b)), abs(d) <= max(GAP, 2 * noise)])
     md = (f"Machine: {machine()}. {len(runs)} runs ({len(runs.values('seed'))} seeds per cell), means over "
           f"seeds.\n\n{main}\n\n### Checks (thresholds fixed before the runs)\n\n"
-          f"{table(['check', 'value', 'seed range', 'holds'], checks)}\n")
+          f"{table(['check', 'value', 'seed range', '95% CI (paired t)', 'holds'], checks)}\n\n"
+          f"The intervals are beside the rules, not part of them: minillm.verdicts' paired t over the seeds both "
+          f"arms have a loss for (a diverged run has none). verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()], "checks": checks,
             "machine": machine()}, md
 
@@ -132,7 +156,8 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_mean_dist(k), analyze, plot, argv)
+    analysis_main(__doc__, HERE, lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_mean_dist(k), analyze, plot, argv,
+                  engine=engine)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ Hypotheses, each with its source:
      val loss is within max(MARGIN, 2 x the larger seed range) of LayerNorm's. Confirmed: both; partly: no
      failure but further from LayerNorm; not at this scale: a run fails.
   Replication of round 1 (same code path, new runs): BatchNorm fails at batch 4 (every seed), not at batch 64.
+Beside the rules, not part of them: the 95% paired t interval of PN - LN over the seeds (minillm.verdicts.paired_t),
+and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm per batch size, margin MARGIN
+(what `minillm-report <sweeps> --compare norm --baseline layernorm --margin 0.05` gives).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, analysis_main, mean, spread, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from minillm.callbacks import bn_sampling_null
+from minillm.compare import compare
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
 
@@ -102,20 +106,26 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         noise = max(pn["range"] or 0, ln["range"] or 0)
         return (pn["val"] - ln["val"] if pn["val"] is not None else math.inf), max(MARGIN, 2 * noise)
 
+    def interval(b: int) -> str:
+        return ci(paired(*(by_seed(runs.where(norm=n, batch_size=b), final_loss) for n in ("powernorm", "layernorm"))))
+
     d, tol = gap(large)
-    verdicts["P1"] = ("confirmed" if d <= tol else "not at this scale", f"PN - LN at batch {large}: {d:+.3f} "
-                      f"(tolerance {tol:.3f})")
+    verdicts["P1"] = ("confirmed" if d <= tol else "not at this scale", f"PN - LN at batch {large}: {d:+.3f}, 95% "
+                      f"CI {interval(large)} (tolerance {tol:.3f})")
     d, tol = gap(small)
     fails = cells["powernorm", small]["failed"]
     verdicts["P2"] = ("not at this scale" if fails else "confirmed" if d <= tol else "partly",
-                      f"{fails} PN run(s) failed at batch {small}; PN - LN {d:+.3f} (tolerance {tol:.3f})")
+                      f"{fails} PN run(s) failed at batch {small}; PN - LN {d:+.3f}, 95% CI {interval(small)} "
+                      f"(tolerance {tol:.3f})")
     bn_s, bn_l = cells["batchnorm", small], cells["batchnorm", large]
     verdicts["replication"] = ("reproduced" if bn_s["failed"] == bn_s["runs"] and not bn_l["failed"] else
                                "not reproduced", f"BN failed {bn_s['failed']}/{bn_s['runs']} at batch {small}, "
                                f"{bn_l['failed']}/{bn_l['runs']} at batch {large}")
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{main}\n\n### BatchNorm's fluctuation against sampling "
-          f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
+          f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n\n"
+          f"The intervals are beside the rules, not part of them: minillm.verdicts' paired t over the seeds. "
+          f"verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()],
             "verdicts": verdicts, "machine": machine()}, md
 
@@ -153,7 +163,12 @@ def plot(runs: Runs, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     keep = (lambda k: k in (TRAIN_LOSS, VAL_LOSS) or is_bn_z(k) or is_bn_z(k, "bn_var_z"))
-    analysis_main(__doc__, HERE, keep, analyze, plot, argv)
+    analysis_main(__doc__, HERE, keep, analyze, plot, argv, engine=engine)
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin MARGIN."""
+    return compare(runs, "norm", "layernorm", margin=MARGIN)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@
     python train.py -m experiment=s5_precision trainer=cpu_fp16 hydra.sweep.dir=logs/s5/b
     python -m experiments.s5_precision.analyze logs/s5/a logs/s5/b     # or no argument: committed runs
     python -m experiments.s5_precision.analyze --out DIR              # results and plots into DIR
+
+Beside the rules, not part of them: each precision's difference from fp32 with its 95% paired t interval over the
+seeds and the engine's word for it at the margin SAME (minillm.verdicts.paired_t, verdict), and verdicts.json (.md,
+.png): minillm.compare's verdicts, each precision against fp32 per placement (what `minillm-report <sweeps>
+--compare precision_used --baseline 32-true` gives).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
-from experiments.common.study import Runs, analysis_main, mean, spread, table
+from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
+from minillm import verdicts as st
+from minillm.compare import compare
 from minillm.metrics import AMP_SCALE, parse_metric
 from minillm.outcome import final_loss
 
@@ -77,16 +84,21 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         if pre and peri and pre["max_h"] and peri["max_h"]:
             ratio = pre["max_h"] / peri["max_h"]
             checks.append([f"Peri-LN bounds the residual stream ({precision}): pre / peri final max|h|", ratio,
-                           ratio >= BOUNDED])
+                           "-", "-", ratio >= BOUNDED])
     for placement in PLACEMENTS:
         for precision in PRECISIONS[1:]:
             a, b = cells.get((placement, "32-true")), cells.get((placement, precision))
             if a and b and a["val"] is not None and b["val"] is not None:
                 diff = b["val"] - a["val"]
-                checks.append([f"{placement}: {precision} val loss - fp32", diff, abs(diff) <= SAME])
+                t = paired(*(by_seed(runs.where(placement=placement, precision_used=q), final_loss)
+                             for q in (precision, "32-true")))
+                checks.append([f"{placement}: {precision} val loss - fp32", diff, ci(t),
+                               st.verdict(t["ci_low"], t["ci_high"], SAME), abs(diff) <= SAME])
     md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
           f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n### Checks (thresholds fixed before the "
-          f"runs)\n\n{table(['check', 'value', 'holds'], checks)}\n")
+          f"runs)\n\n{table(['check', 'value', '95% CI (paired t)', f'engine (margin {SAME})', 'holds'], checks)}"
+          f"\n\nThe interval and the engine's word are beside the rules, not part of them: minillm.verdicts' paired "
+          f"t over the seeds and its verdict at the margin {SAME}. verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"placement": p, "precision": q, **c} for (p, q), c in cells.items()], "checks": checks,
             "machine": machine()}, md
 
@@ -106,8 +118,14 @@ def plot(runs: Runs, out: Path) -> None:
     save(fig, out / "residual_growth.png")
 
 
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare, each precision against fp32 per placement, margin SAME."""
+    return compare(runs, "precision_used", "32-true", margin=SAME)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: k == AMP_SCALE or resid_block(k) is not None, analyze, plot, argv)
+    analysis_main(__doc__, HERE, lambda k: k == AMP_SCALE or resid_block(k) is not None, analyze, plot, argv,
+                  engine=engine)
 
 
 if __name__ == "__main__":

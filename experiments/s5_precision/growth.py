@@ -29,6 +29,8 @@ Hypotheses (Kim et al. 2025, Peri-LN; Sun et al. 2025, The Curse of Depth in LLM
      both; partly: at one; not at this scale: at none.
   Control: Post-LN's depth growth lies in [1 / GROWTH, GROWTH] at every L (the residual stream is renormalized
      after every sublayer).
+The shape fit is a least-squares fit (numpy), not a comparison. Beside L's rule, not part of it: the 95% paired t
+interval of Pre - Peri over the seeds (minillm.verdicts.paired_t).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import numpy as np
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, table, write
+from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss, loss_for_comparison
 
@@ -155,6 +157,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     gaps = {L: (cells["pre", L]["val"] - cells["peri", L]["val"]) if None not in (
         cells["pre", L]["val"], cells["peri", L]["val"]) else None for L in deeper}
     lhits = [L for L, g in gaps.items() if g is not None and g >= LOSS_GAP]
+    gap_t = {L: paired(*(by_seed((r for r in main if r["placement"] == p and r["n_layers"] == L), final_loss)
+                         for p in ("pre", "peri"))) for L in deeper}
     post_flat = all(c["depth_growth"] is not None and 1 / GROWTH <= c["depth_growth"] <= GROWTH
                     for (p, _), c in cells.items() if p == "post")
     fmt = lambda d: ", ".join(f"L={L}: {v:.2f}" if v is not None else f"L={L}: -" for L, v in d.items())  # noqa: E731
@@ -166,7 +170,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                f"{pre_exp}; Peri-LN not exponential: {peri_not}"),
         "G4": (graded(g4, len(DEPTHS)), "Pre / Peri training growth " + fmt({L: ratio("train_growth", L)
                                                                               for L in DEPTHS})),
-        "L": (graded(lhits, len(deeper)), "Pre - Peri val loss " + fmt(gaps)),
+        "L": (graded(lhits, len(deeper)), "Pre - Peri val loss " + fmt(gaps) + "; 95% CI (paired t) " + ", ".join(
+            f"L={L}: {ci(t, 2)}" for L, t in gap_t.items())),
         "control": ("holds" if post_flat else "fails", "Post-LN depth growth within "
                     f"[{1 / GROWTH:g}, {GROWTH:g}] at every L: {post_flat}"),
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
+from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS
 from minillm.outcome import failed_of, final_loss, is_stalled, loss_for_comparison
 
@@ -60,13 +61,6 @@ def train_loss_at(run: dict, step: int) -> float | None:
     return dict(run["curves"].get(TRAIN_LOSS, [])).get(step)
 
 
-def all_on_one_side(k1: int, n1: int, k2: int, n2: int) -> float:
-    """One-sided Fisher exact test: the probability that group 1 gets k1 or more of the k1 + k2 events if
-    every run were equally likely to have one."""
-    k, n = k1 + k2, n1 + n2
-    return sum(math.comb(n1, x) * math.comb(n2, k - x) for x in range(k1, min(k, n1) + 1)) / math.comb(n, k)
-
-
 def analyze(runs: Runs) -> tuple[dict, str]:
     depths = runs.values("n_layers")
     cells, rows = {}, []
@@ -95,6 +89,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     deep_fail = cells[("deepnorm", deep)]["failed"] / cells[("deepnorm", deep)]["runs"]
     ratio = cells[("post", deep)]["early"] / cells[("deepnorm", deep)]["early"]
     growth = {p: cells[(p, deep)]["early"] / cells[(p, shallow)]["early"] for p in PLACEMENTS}  # finite by now
+    post, dn = cells["post", deep], cells["deepnorm", deep]
+    stall_p = st.fisher_p(post["stalled"], post["runs"], dn["stalled"], dn["runs"], alternative="greater")
     checks = [
         [f"Post-LN fails at L={deep} where DeepNorm trains (failed fraction post / deepnorm)",
          f"{post_fail:.2f} / {deep_fail:.2f}", post_fail > 0 and deep_fail == 0],
@@ -103,8 +99,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
          f"{cells[('deepnorm', deep)]['stalled']}/{cells[('deepnorm', deep)]['runs']}",
          cells[("post", deep)]["stalled"] >= STALLS and cells[("deepnorm", deep)]["stalled"] == 0],
         ["p (one-sided Fisher) of that many stalls on Post-LN if both were equally likely to stall",
-         f"{all_on_one_side(*(cells[(p, deep)][k] for p in ('post', 'deepnorm') for k in ('stalled', 'runs'))):.3f}",
-         None],
+         f"{stall_p:.3f}", None],
         [f"Post-LN's early update at L={deep} vs DeepNorm's (ratio)", f"{ratio:.2f}", ratio >= EXPLODES],
         *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
     ]

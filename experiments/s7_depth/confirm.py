@@ -13,16 +13,20 @@ Four arms, 10 fresh seeds each (seeds 0-9 were seen before: one of them motivate
     deepnorm + deepnet   DeepNorm as DeepNet defines it (alpha = (2L)^(1/4) and its init)
     post + deepnet   DeepNet's initialization alone (no residual scale)
     deepnorm + gpt2  the residual scale alone (GPT-2's initialization)
+
+The tests are minillm.verdicts': the pre-registered one-sided Fisher test (fisher_p, alternative "greater"), and,
+reported beside the rules without deciding anything, each arm's stall rate with its Clopper-Pearson interval
+(exact_ci) and the two-sided Fisher p of each arm against Post-LN (what minillm-report's fisher_p gives).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from experiments.common.machine import machine
-from experiments.common.study import load, mean, parse_args, table, write
+from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from experiments.s7_depth.analyze import HERE
+from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import final_loss, is_stalled
 
@@ -36,12 +40,6 @@ SUFFICES_MAX = 1  # a part "suffices" when its arm stalls in at most 1 of 10 run
 ARMS = (("post", "gpt2"), ("deepnorm", "deepnet"), ("post", "deepnet"), ("deepnorm", "gpt2"))
 NAMES = {("post", "gpt2"): "Post-LN", ("deepnorm", "deepnet"): "DeepNorm (alpha + DeepNet init)",
          ("post", "deepnet"): "DeepNet init only", ("deepnorm", "gpt2"): "alpha only"}
-
-
-def fisher_one_sided(a: int, n_a: int, b: int, n_b: int) -> float:
-    """P(an arm of n_a runs has >= a of the a + b events | a + b events among n_a + n_b runs): hypergeometric."""
-    k, n = a + b, n_a + n_b
-    return sum(math.comb(n_a, i) * math.comb(n_b, k - i) for i in range(a, min(k, n_a) + 1)) / math.comb(n, k)
 
 
 def stalled(run: dict) -> bool:
@@ -60,11 +58,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                       "per_seed": [(r["seed"], final_loss(r), stalled(r)) for r in rs],
                       "unigram": mean(r["unigram_loss"] for r in rs)}
     post, deep = cells[ARMS[0]], cells[ARMS[1]]
-    p = fisher_one_sided(post["stalled"], post["runs"], deep["stalled"], deep["runs"])
+    p = st.fisher_p(post["stalled"], post["runs"], deep["stalled"], deep["runs"], alternative="greater")
+    for c in cells.values():
+        c["stalled_ci"] = st.exact_ci(c["stalled"], c["runs"])
+        c["fisher_p_vs_post"] = st.fisher_p(c["stalled"], c["runs"], post["stalled"], post["runs"])
     confirmed = post["stalled"] >= CONFIRM_MIN_POST and deep["stalled"] == 0 and p < ALPHA
     suffices = {arm: post["stalled"] >= CONFIRM_MIN_POST and cells[arm]["stalled"] <= SUFFICES_MAX
                 for arm in ARMS[2:]}
-    rows = [[NAMES[arm], arm[0], arm[1], f"{c['stalled']}/{c['runs']}", c["trained_loss"],
+    rows = [[NAMES[arm], arm[0], arm[1], rate_ci(c["stalled"], c["runs"]),
+             "-" if arm == ARMS[0] else f"{c['fisher_p_vs_post']:.3f}", c["trained_loss"],
              ", ".join(f"{v:.3f}{'*' if s else ''}" for _, v, s in c["per_seed"])] for arm, c in cells.items()]
     checks = [[f"Post-LN stalls in >= {CONFIRM_MIN_POST}/10, DeepNorm in 0/10, Fisher p < {ALPHA}",
                f"{post['stalled']}/10 vs {deep['stalled']}/10, p = {p:.3f}", confirmed]]
@@ -72,9 +74,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{cells[arm]['stalled']}/10", suffices[arm]] for arm in ARMS[2:]]
     md = (f"Machine: {machine()}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, 300 steps, seeds 10-19. "
           f"Stalled: final val loss >= unigram loss of the evaluated windows ({post['unigram'] or float('nan'):.3f}) "
-          f"- {STALL_MARGIN}; * marks a stalled run.\n\n"
-          + table(["arm", "placement", "init", "stalled", "final val loss of the runs that trained (mean)",
-                   "final val loss per seed (10-19)"], rows)
+          f"- {STALL_MARGIN}; * marks a stalled run. Beside the rules, not part of "
+          f"them (minillm.verdicts): the 95% Clopper-Pearson interval of each stall rate, and the two-sided Fisher p "
+          f"of each arm's stalls against Post-LN's.\n\n"
+          + table(["arm", "placement", "init", "stalled [95% CI]", "Fisher p vs Post-LN",
+                   "final val loss of the runs that trained (mean)", "final val loss per seed (10-19)"], rows)
           + "\n\n" + table(["check (fixed before the runs)", "measured", "holds"], checks) + "\n")
     write(out, {"cells": {f"{a[0]}+{a[1]}": c for a, c in cells.items()}, "fisher_p": p, "confirmed": confirmed,
                 "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "machine": machine()}, md)

@@ -5,6 +5,9 @@ warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
         seed=0,1,2,3,4,5,6,7,8,9
     python -m experiments.s7_depth.warmup logs/s7_warmup/<time>      # or no argument: committed runs
     python -m experiments.s7_depth.warmup --out DIR                   # results into DIR
+
+Beside the rule, not part of it: each stall rate's Clopper-Pearson interval and the two-sided Fisher p of the
+two warmups' stalls (minillm.verdicts.exact_ci, fisher_p).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from experiments.common.machine import machine
-from experiments.common.study import load, mean, parse_args, table, write
+from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from experiments.s7_depth.analyze import HERE, stalled, val_loss
+from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
 
 OUT = HERE / "warmup"
@@ -32,16 +36,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     for warmup, runs in ((short[0]["warmup_steps"], short), (long[0]["warmup_steps"], long)):
         trained = [val_loss(r) for r in runs if not stalled(r)]
         cells[warmup] = sum(map(stalled, runs))
-        rows.append([warmup, f"{cells[warmup]}/{len(runs)}", mean(trained),
+        rows.append([warmup, rate_ci(cells[warmup], len(runs)), mean(trained),
                      ", ".join(f"{val_loss(r):.3f}" for r in sorted(runs, key=lambda r: r["seed"]))])
     holds = cells[long[0]["warmup_steps"]] <= PREVENTS
+    fisher = st.fisher_p(cells[long[0]["warmup_steps"]], len(long), cells[short[0]["warmup_steps"]], len(short))
     md = (f"Machine: {machine()}. Post-LN, L={deep}, lr 3e-3, 300 steps, seeds 0-9.\n\n"
-          + table(["warmup steps", "stalled", "final val loss of the runs that trained (mean)",
+          + table(["warmup steps", "stalled [95% CI of the rate]", "final val loss of the runs that trained (mean)",
                    "final val loss per seed (0-9)"], rows)
           + "\n\n" + table(["check (fixed before the runs)", "holds"],
                            [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
-          + "\n")
-    write(out, {"rows": rows, "holds": holds, "machine": machine()}, md)
+          + f"\n\nBeside the rule: Fisher's exact test (two-sided) of the stalls with {long[0]['warmup_steps']} "
+            f"against {short[0]['warmup_steps']} warmup steps, p = {fisher:.3f} (minillm.verdicts).\n")
+    write(out, {"rows": rows, "holds": holds, "machine": machine(), "fisher_p": fisher}, md)
 
 
 if __name__ == "__main__":

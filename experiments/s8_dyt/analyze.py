@@ -18,18 +18,19 @@ Hypotheses, each with its published source:
       from 400 to 1600 steps. Confirmed: the mean paired gap grows by more than the larger of the two budgets'
       sd of the paired gaps; contradicted: shrinks by more; otherwise not resolved.
 A diverged run counts with the loss ln V (minillm.outcome.loss_for_comparison).
+The sd of the paired gaps (H3's noise) and, beside the rules without deciding anything, the 95% paired t intervals
+of the gaps at both budgets and of their growth come from minillm.verdicts.paired_t (experiments.common.study.paired).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
 from minillm.outcome import loss_for_comparison
 
@@ -55,12 +56,9 @@ def cell(runs: Runs, norm: str, lr: float, steps: int, a0: float | None = None) 
             if r.get("norm") == norm and math.isclose(r["lr"], lr) and r["max_steps"] == steps and alpha0(r) == a0}
 
 
-def paired(dyt: dict[int, float], rms: dict[int, float]) -> list[float]:
+def gaps(dyt: dict[int, float], rms: dict[int, float]) -> list[float]:
+    """DyT - RMSNorm per seed both ran, in seed order."""
     return [dyt[s] - rms[s] for s in sorted(dyt) if s in rms]
-
-
-def sd(values: Sequence[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
@@ -78,8 +76,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     best_rms = min(rms.values())
     gap_short = best_dyt - best_rms
     a0_long = best_a0[LONG_LR]
-    short_pairs = paired(cell(runs, "dyt", LONG_LR, SHORT, a0_long), cell(runs, "rmsnorm", LONG_LR, SHORT))
-    long_pairs = paired(cell(runs, "dyt", LONG_LR, LONG, a0_long), cell(runs, "rmsnorm", LONG_LR, LONG))
+    short_cells = cell(runs, "dyt", LONG_LR, SHORT, a0_long), cell(runs, "rmsnorm", LONG_LR, SHORT)
+    long_cells = cell(runs, "dyt", LONG_LR, LONG, a0_long), cell(runs, "rmsnorm", LONG_LR, LONG)
+    short_pairs, long_pairs = gaps(*short_cells), gaps(*long_cells)
+    short_t, long_t = paired(*short_cells), paired(*long_cells)
     gap_long = mean(long_pairs)
 
     def verdict_h1() -> str:
@@ -95,7 +95,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     h2 = {2: "confirmed", 1: "partly", 0: "not at this scale"}[smaller + more_sensitive]
 
     growth = (gap_long - mean(short_pairs)) if gap_long is not None and short_pairs else None
-    noise = max(sd(short_pairs), sd(long_pairs))
+    noise = max(short_t["sd"] or 0.0, long_t["sd"] or 0.0)  # the larger sd of the paired gaps
+    growth_t = paired({s: long_cells[0][s] - long_cells[1][s] for s in long_t["seeds"]},
+                      {s: short_cells[0][s] - short_cells[1][s] for s in short_t["seeds"]})
     h3 = ("not run" if growth is None else "confirmed" if growth > noise else
           "contradicted" if growth < -noise else "not resolved")
 
@@ -106,15 +108,17 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         "best_alpha0_per_lr": {f"{lr:g}": a for lr, a in best_a0.items()},
         "alpha0_spread_per_lr": {f"{lr:g}": v for lr, v in spread.items()},
         "h1": {"gap_short_best_cells": gap_short, "long_alpha0": a0_long, "paired_gaps_short": short_pairs,
-               "paired_gaps_long": long_pairs, "gap_long": gap_long, "verdict": verdict_h1()},
+               "paired_gaps_long": long_pairs, "gap_long": gap_long, "verdict": verdict_h1(),
+               "paired_t_short": short_t, "paired_t_long": long_t},
         "h2": {"best_alpha0_smaller_at_high_lr": smaller, "more_sensitive_at_high_lr": more_sensitive,
                "verdict": h2},
-        "h3": {"gap_growth": growth, "noise": noise, "verdict": h3},
+        "h3": {"gap_growth": growth, "noise": noise, "verdict": h3, "paired_t_growth": growth_t},
     }
-    pairs_table = table(["budget", "seeds", "DyT - RMSNorm per seed", "mean"],
+    pairs_table = table(["budget", "seeds", "DyT - RMSNorm per seed", "mean", "95% CI (paired t)"],
                         [[f"{SHORT} steps", len(short_pairs), " / ".join(f"{v:+.3f}" for v in short_pairs),
-                          mean(short_pairs)],
-                         [f"{LONG} steps", len(long_pairs), " / ".join(f"{v:+.3f}" for v in long_pairs), gap_long]])
+                          mean(short_pairs), ci(short_t)],
+                         [f"{LONG} steps", len(long_pairs), " / ".join(f"{v:+.3f}" for v in long_pairs), gap_long,
+                          ci(long_t)]])
     md = "\n".join([
         f"# S8 results\n\nMachine: {results['machine']}.\n",
         f"## Mean final val loss, {SHORT} steps ({len(SEEDS)} seeds; diverged runs count as ln V)\n", grid_table,
@@ -127,7 +131,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         f"spread {spread[max(LRS)]:.3f} vs {spread[min(LRS)]:.3f} (>= {SENSITIVITY:g}x: {more_sensitive}) -> "
         f"**{h2}**",
         f"- H3 (the gap grows with tokens): growth {'-' if growth is None else f'{growth:+.3f}'}, noise {noise:.3f}"
-        f" -> **{h3}**"])
+        f" -> **{h3}**",
+        "", f"Beside the rules, not part of them: the intervals are minillm.verdicts' paired t over the seeds; the "
+            f"growth's, paired by seed, is {ci(growth_t)}."])
     return results, md
 
 

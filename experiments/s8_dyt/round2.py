@@ -28,6 +28,7 @@ Hypotheses:
      best DyT alpha0's paired gap to RMSNorm (same init and seeds) is <= NEAR: confirmed; it is > NEAR but at
      least SHRINK smaller than round 1's gap under GPT-2 init at lr 3e-3 (+0.892): partly; else not at this scale.
 A diverged run counts with the loss ln V (minillm.outcome.loss_for_comparison).
+Beside D2's rule, not part of it: the 95% paired t interval of the gap (minillm.verdicts.paired_t).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, load, mean, parse_args, table, write
+from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
 from experiments.s8_dyt import analyze as s8
 from minillm.outcome import loss_for_comparison
 
@@ -75,23 +76,24 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     x_cells = {a: cells(runs, True, "dyt", LR, a) for a in XAVIER_ALPHA0}
     x_mean = {a: mean(c.values()) for a, c in x_cells.items()}
     x_best = min(x_mean, key=lambda a: x_mean[a] if x_mean[a] is not None else math.inf)
-    gaps = s8.paired(x_cells[x_best], rms)
+    gaps = s8.gaps(x_cells[x_best], rms)
     gap = mean(gaps)
+    gap_t = paired(x_cells[x_best], rms)
     d2 = ("confirmed" if gap is not None and gap <= NEAR else
           "partly" if gap is not None and gap <= ROUND1_GAP - SHRINK else "not at this scale")
     x_table = table(["init xavier, lr 3e-3", *[f"DyT alpha0={a:g}" for a in XAVIER_ALPHA0], "RMSNorm"],
                     [["mean val loss", *[x_mean[a] for a in XAVIER_ALPHA0], mean(rms.values())]])
     verdicts = {"D1": (d1, f"best alpha0 at lr {LR:g}: {best:g} of {', '.join(f'{a:g}' for a in alphas)}"),
                 "D2": (d2, f"init xavier: DyT (alpha0 {x_best:g}) - RMSNorm, paired per seed " +
-                       " / ".join(f"{g:+.3f}" for g in gaps) + f", mean {gap:+.3f} (GPT-2 init, round 1: "
-                       f"+{ROUND1_GAP:.3f})" if gap is not None else "missing")}
+                       " / ".join(f"{g:+.3f}" for g in gaps) + f", mean {gap:+.3f}, 95% CI {ci(gap_t)} (GPT-2 "
+                       f"init, round 1: +{ROUND1_GAP:.3f})" if gap is not None else "missing")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     md = (f"Machine: {machine()}. {len(runs)} runs (round 1's and round 2's), 400 steps, seed means; a diverged "
           f"run counts as ln V.\n\n### DyT, GPT-2 init (alpha0 0.25-2 from round 1)\n\n{grid_table}\n\n"
           f"### Unit-scale embeddings\n\n{x_table}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     return {"grid_gpt2_init": {f"{lr:g}/{a:g}": v for (lr, a), v in grid.items()},
             "xavier": {**{f"dyt/{a:g}": v for a, v in x_mean.items()}, "rmsnorm": mean(rms.values())},
-            "paired_gaps_xavier": gaps, "verdicts": verdicts, "machine": machine()}, md
+            "paired_gaps_xavier": gaps, "verdicts": verdicts, "machine": machine(), "paired_t_xavier": gap_t}, md
 
 
 def plot(results: dict, out: Path) -> None:

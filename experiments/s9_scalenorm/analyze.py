@@ -16,6 +16,10 @@ Hypotheses (Nguyen & Salazar 2019, "Transformers without Tears"):
      the 95% t-interval of ScaleNorm - LayerNorm. Confirmed: its upper end < MARGIN_PARITY; contradicted: its
      lower end > MARGIN_PARITY; otherwise unresolved. "better" is added when the upper end is < 0.
   (The paper's speed claim is a kernel question: experiments/kernel_bench times the norms.)
+The interval is minillm.verdicts.paired_t's; beside S's word, the engine's (minillm.verdicts.verdict with the same
+margin: equivalent / better / worse / inconclusive). verdicts.json (.md, .png) holds minillm.compare's verdicts for
+the whole sweep, norm against LayerNorm in each warmup stratum at each norm's tuned lr: what `minillm-report
+<sweep> --compare norm --baseline layernorm` gives.
 """
 
 from __future__ import annotations
@@ -24,12 +28,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from experiments.common.study import Runs, analysis_main, mean, table
+from experiments.common.study import Runs, analysis_main, by_seed, mean, paired, table
+from minillm import verdicts as st
+from minillm.compare import compare
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
 
@@ -46,17 +49,34 @@ def cell(runs: Runs, norm: str, warmup: int, lr: float) -> list[dict]:
                   key=lambda r: r["seed"])
 
 
-def interval(diffs: Sequence[float]) -> tuple[float, float, float]:
-    d = np.asarray(diffs, dtype=float)
-    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else math.inf
-    return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half
+def parity(scale: Sequence[dict], layer: Sequence[dict]) -> dict:
+    """Hypothesis S on the runs of its two cells: the paired t interval of ScaleNorm - LayerNorm (loss per
+    minillm.outcome.loss_for_comparison), S's word (``verdict``) and the engine's (``engine``)."""
+    res = paired(by_seed(scale, loss_for_comparison), by_seed(layer, loss_for_comparison))
+    return {**res, "verdict": parity_verdict(res["ci_low"], res["ci_high"]),
+            "engine": st.verdict(res["ci_low"], res["ci_high"], MARGIN_PARITY)}
 
 
-def parity_verdict(lo: float, hi: float) -> str:
-    """Hypothesis S's rule on the 95% interval of ScaleNorm - LayerNorm."""
+def parity_verdict(lo: float | None, hi: float | None) -> str:
+    """Hypothesis S's rule on the 95% interval of ScaleNorm - LayerNorm (no interval: unresolved)."""
+    if lo is None or hi is None:
+        return "unresolved"
     if hi < MARGIN_PARITY:
         return "confirmed" + (" (better)" if hi < 0 else "")
     return "contradicted" if lo > MARGIN_PARITY else "unresolved"
+
+
+def numbers(res: dict) -> str:
+    """S's interval as the tables write it."""
+    if res["ci_low"] is None:
+        return f"{res['n']} seed pair(s): no interval"
+    return (f"ScaleNorm - LayerNorm {res['diff']:+.4f}, 95% CI [{res['ci_low']:+.4f}, {res['ci_high']:+.4f}] over "
+            f"{res['n']} seeds")
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare on the sweep, each norm against LayerNorm per warmup, at its tuned lr."""
+    return compare(runs, "norm", "layernorm", margin=MARGIN_PARITY)
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
@@ -83,16 +103,16 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     sc = {r["seed"]: loss_for_comparison(r) for r in grid["scalenorm", 40, best_lr["scalenorm", 40]]}
     ln = {r["seed"]: loss_for_comparison(r) for r in grid["layernorm", 40, best_lr["layernorm", 40]]}
     diffs = [sc[s] - ln[s] for s in sorted(sc) if s in ln]
-    m, lo, hi = interval(diffs)
-    s = parity_verdict(lo, hi)
+    s = parity(grid["scalenorm", 40, best_lr["scalenorm", 40]], grid["layernorm", 40, best_lr["layernorm", 40]])
     verdicts = {"W": (w, "; ".join(w_numbers)),
-                "S": (s, f"ScaleNorm - LayerNorm {m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds "
-                         f"(lr {best_lr['scalenorm', 40]:g} vs {best_lr['layernorm', 40]:g})")}
+                "S": (s["verdict"], f"{numbers(s)} (lr {best_lr['scalenorm', 40]:g} vs {best_lr['layernorm', 40]:g}"
+                                    f"); engine: {s['engine']}")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     md = (f"Machine: {machine()}. {len(runs)} runs, seed-mean loss (a diverged run counts as ln V) per cell."
           f"\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"loss": [{"norm": n, "warmup": w, "lr": lr, "loss": loss[n, w, lr], "failed": fails[n, w, lr]}
-                        for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs, "machine": machine()}
+                        for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs, "machine": machine(),
+               "S_interval": s}
     return results, md
 
 
@@ -116,7 +136,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv)
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine)
 
 
 if __name__ == "__main__":

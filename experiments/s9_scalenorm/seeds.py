@@ -12,7 +12,9 @@ runs join the committed seeds 0-3 of that cell. Nothing else of S9 is re-judged 
 
 Hypothesis S, as in analyze.py, over seeds 0-15: the 95% t-interval of ScaleNorm - LayerNorm, paired by seed.
 Confirmed: its upper end < MARGIN_PARITY ("better" added when < 0); contradicted: its lower end > MARGIN_PARITY;
-otherwise unresolved. Reported beside it: whether the interval excludes zero.
+otherwise unresolved. Reported beside it: whether the interval excludes zero, and the engine's word
+(analyze.parity). verdicts.json (.md, .png): minillm.compare on the cell's runs, ScaleNorm against LayerNorm at lr
+LR, as `minillm-report --compare norm --baseline layernorm --lr 0.01` gives it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common.machine import machine, run_kernels
-from experiments.common.study import Runs, load, parse_args, table, write
+from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
 from experiments.s9_scalenorm import analyze as s9
+from minillm.compare import compare
 from minillm.outcome import loss_for_comparison
 
 HERE = Path(__file__).parent / "seeds"
@@ -32,24 +35,39 @@ LR, WARMUP = 1e-2, 40
 SEEDS = range(16)
 
 
+def compared(runs: Runs) -> dict[str, list[dict]]:
+    """norm -> its runs of the cell, seeds in SEEDS."""
+    return {n: [r for r in s9.cell(runs, n, WARMUP, LR) if r["seed"] in SEEDS] for n in s9.NORMS}
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
-    per_norm = {n: {r["seed"]: loss_for_comparison(r) for r in s9.cell(runs, n, WARMUP, LR) if r["seed"] in SEEDS}
-                for n in s9.NORMS}
-    seeds = sorted(set(per_norm["scalenorm"]) & set(per_norm["layernorm"]))
+    cells = compared(runs)
+    per_norm = {n: {r["seed"]: loss_for_comparison(r) for r in rs} for n, rs in cells.items()}
+    res = s9.parity(cells["scalenorm"], cells["layernorm"])
+    seeds = res["seeds"]
     diffs = [per_norm["scalenorm"][s] - per_norm["layernorm"][s] for s in seeds]
-    m, lo, hi = s9.interval(diffs)
-    verdict = s9.parity_verdict(lo, hi)
-    zero = "excludes zero" if lo > 0 or hi < 0 else "holds zero"
+    lo, hi = res["ci_low"], res["ci_high"]
+    excludes = lo is not None and (lo > 0 or hi < 0)
     rows = [[s, per_norm["layernorm"][s], per_norm["scalenorm"][s], d] for s, d in zip(seeds, diffs, strict=True)]
     tab = table(["seed", "LayerNorm", "ScaleNorm", "ScaleNorm - LayerNorm"], rows)
-    numbers = f"{m:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds ({zero})"
+    zero = "excludes zero" if excludes else "holds zero"
+    numbers = (f"{res['diff']:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] over {len(diffs)} seeds ({zero}; paired t, "
+               f"p = {res['p']:.2g}; engine: {res['engine']})" if lo is not None else f"{len(diffs)} seed(s)")
     used = [r for r in runs if r["norm"] in s9.NORMS and r["warmup_steps"] == WARMUP and math.isclose(r["lr"], LR)
             and r["seed"] in seeds]
     md = (f"Analysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n"
           f"{tab}\n\n"
-          f"### Verdict (rule fixed before the runs)\n\nS: **{verdict}**: ScaleNorm - LayerNorm {numbers}\n")
-    return {"verdict": verdict, "mean": m, "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
-            "excludes_zero": not (lo <= 0 <= hi) if math.isfinite(lo) else False, "machine": machine()}, md
+          f"### Verdict (rule fixed before the runs)\n\nS: **{res['verdict']}**: ScaleNorm - LayerNorm {numbers}\n\n"
+          f"Engine: minillm.verdicts.paired_t for the interval; verdicts.md for minillm.compare's full verdict.\n")
+    return {"verdict": res["verdict"], "mean": res["diff"], "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
+            "excludes_zero": excludes, "machine": machine(), "p": res["p"], "sd": res["sd"],
+            "engine_verdict": res["engine"]}, md
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.compare on the cell's runs (seeds in SEEDS), ScaleNorm against LayerNorm at LR."""
+    return compare([r for rs in compared(runs).values() for r in rs], "norm", "layernorm", margin=s9.MARGIN_PARITY,
+                   lr=LR)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -57,8 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or HERE
     new = load(HERE, args.sweeps, lambda k: False, out)
     first = load(s9.HERE, [], lambda k: False)
-    results, md = analyze(Runs([*first, *new]))
-    write(out, results, md)
+    runs = Runs([*first, *new])
+    write(out, *analyze(runs))
+    write_verdicts(out, engine(runs))
 
 
 if __name__ == "__main__":
