@@ -227,13 +227,14 @@ def wandb_target(runs: Sequence[Any]) -> tuple[str, str | None]:
             wandb_cfg = ((yaml.safe_load(hparams.read_text()) or {}).get("logger") or {}).get("wandb")
             if wandb_cfg and wandb_cfg.get("project"):
                 return wandb_cfg["project"], wandb_cfg.get("group")
-    here = Path(__file__).resolve().parent
-    config = next(p for p in (here / "configs", here.parent / "configs") if p.is_dir()) / "logger" / "wandb.yaml"
-    project = yaml.safe_load(config.read_text())["wandb"]["project"]
+    from minillm.run.hydra import config_dir
+    from minillm.run.naming import sweep_group
+
+    project = yaml.safe_load((Path(config_dir()) / "logger" / "wandb.yaml").read_text())["wandb"]["project"]
     first = runs[0]
     name = first.summary.get("name")
     in_sweep = Path(first.dir).parent.parent.name == "multiruns"
-    return project, f"{name}-{Path(first.dir).parent.name}" if in_sweep and name else name
+    return project, sweep_group(name, Path(first.dir).parent) if in_sweep and name else name
 
 
 def log_to_wandb(result: dict, out: Path, runs: Sequence[Any]) -> Path:

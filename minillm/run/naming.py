@@ -18,6 +18,11 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def sweep_group(name: str, sweep_dir: str | Path) -> str:
+    """The W&B group of a sweep's runs: ``<name>-<sweep folder>`` (a run outside a sweep is in group ``name``)."""
+    return f"{name}-{Path(sweep_dir).name}"
+
+
 def group_sweeps(cfg: DictConfig) -> None:
     """In a Hydra multirun, make the W&B group name + the sweep's folder name: one group per sweep; name the
     W&B run by run_name unless the config names it."""
@@ -26,7 +31,7 @@ def group_sweeps(cfg: DictConfig) -> None:
         return
     with open_dict(cfg):
         if in_multirun():
-            wandb.group = f"{cfg.name}-{Path(HydraConfig.get().sweep.dir).name}"
+            wandb.group = sweep_group(cfg.name, HydraConfig.get().sweep.dir)
         if not wandb.get("name"):
             wandb.name = run_name(cfg)
 
