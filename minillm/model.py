@@ -30,7 +30,7 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int | None = None  # None: same as n_heads (no grouping)
-    max_seq_len: int = 256
+    max_seq_len: int = 64
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
@@ -108,9 +108,7 @@ class ModelConfig:
         return [(s.get("placement", placement(i)), s.get("norm", self.norm)) for i, s in enumerate(specs)]
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("head_dim", None)
-        return d
+        return asdict(self)
 
 
 def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict | None = None) -> nn.Module:

@@ -14,6 +14,8 @@ import lightning as L
 import pytest
 import torch
 from helpers import CONFIGS, EAGER_NORMS, ROOT, V, compose_cfg, logged, read_rows
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -403,3 +405,25 @@ def test_a_numeric_run_id_or_name_is_a_folder_name():
     check_name("name", 2026)
     with pytest.raises(ConfigError, match="run_id=True is invalid; allowed: a folder name"):
         check_name("run_id", True)
+
+
+def test_model_config_defaults_are_the_default_runs(tmp_path, corpus):
+    """Transformer(ModelConfig(vocab_size=V)) in a notebook is the model `python train.py` trains: every field
+    but the vocabulary (the tokenizer's) has the default config's value; the config lists the norm's options with
+    the values the class takes when they are left out."""
+    import dataclasses
+    import inspect
+
+    from minillm.model import ModelConfig
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train")
+    composed = model_config(cfg, vocab_size=88).to_dict()
+    defaults = ModelConfig(vocab_size=88).to_dict()
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == set(composed)
+    params = inspect.signature(NORMS[composed["norm"]].__init__).parameters
+    assert composed.pop("norm_options") == {k: params[k].default for k in defaults.pop("norm_options") or params
+                                            if k not in ("self", "dim", "eps")}
+    assert {k: v for k, v in composed.items() if v != defaults[k]} == {}
+
