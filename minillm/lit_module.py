@@ -14,7 +14,7 @@ from torchmetrics import MeanMetric, SumMetric
 
 from minillm.checkpointing import check_model_config
 from minillm.errors import ConfigError, check_bool, check_choice, check_number, invalid
-from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric
+from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric, tokens_seen
 from minillm.model import ModelConfig, Transformer
 from minillm.optim import param_groups
 from minillm.version import provenance
@@ -27,8 +27,8 @@ class LitLM(L.LightningModule):
 
     Weight decay applies to the matrices of linear layers; norm gains/biases (every 0-D and 1-D
     parameter) and the token embedding get it only when ``decay_norms`` / ``decay_embeddings`` say so.
-    With ``compile``, training runs ``torch.compile(model.forward)``; ``eager_forward = True`` runs the model
-    uncompiled instead (StabilityMonitor sets it on the steps it measures, so its forward hooks fire: hooks
+    With ``compile``, training runs ``torch.compile(model.forward)``; ``run_eagerly(requester, True)`` runs the model
+    uncompiled instead (StabilityMonitor asks for it on the steps it measures, so its forward hooks fire: hooks
     added to a compiled model are not seen). ``run_settings`` (plain values: optimizer, schedule, data, ...) is
     stored in checkpoints, so a resumed run can be checked against the settings it was trained with.
     """
@@ -55,7 +55,7 @@ class LitLM(L.LightningModule):
         # a function, not a module: the state_dict keeps its keys and the eager model stays callable
         self.compiled_forward = (torch.compile(self.model.forward, backend=compile_backend, mode=compile_mode)
                                  if compile else None)
-        self.eager_forward = False
+        self._eager_for: set[int] = set()  # the callbacks that need the model uncompiled now (run_eagerly)
         self.bits_per_token: float | None = None  # bits/char per nats/token, for the char tokenizer (setup())
         self.token_bytes: Tensor | None = None  # (V,) UTF-8 bytes of each token, from the tokenizer (setup())
         self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
@@ -74,7 +74,7 @@ class LitLM(L.LightningModule):
         self.token_bytes = torch.as_tensor(table, dtype=torch.float64) if table is not None else None
 
     def forward(self, idx: Tensor) -> Tensor:
-        if self.compiled_forward is not None and not self.eager_forward:
+        if self.compiled_forward is not None and not self._eager_for:
             return self.compiled_forward(idx)
         return self.model(idx)
 
@@ -93,10 +93,16 @@ class LitLM(L.LightningModule):
         self.log(TRAIN_LOSS, ce, prog_bar=True)
         if self.hparams.z_loss:
             self.log(TRAIN_LOSS_WITH_Z, loss)
-        self.log(TRAIN_TOKENS, float((self.global_step + 1) * x.numel() * self.trainer.world_size
-                                       * self.trainer.accumulate_grad_batches))
+        trainer = self.trainer
+        self.log(TRAIN_TOKENS, float(tokens_seen(self.global_step + 1, x.numel(), trainer.world_size,
+                                                 trainer.accumulate_grad_batches)))
         self.log(TRAIN_LR, self.optimizers().param_groups[0]["lr"])
         return loss
+
+    def run_eagerly(self, requester: object, on: bool) -> None:
+        """Run the model uncompiled while any requester wants it (a callback whose forward hooks a compiled model
+        would never call); each callback turns only its own request off."""
+        (self._eager_for.add if on else self._eager_for.discard)(id(requester))
 
     def _eval_step(self, batch: tuple[Tensor, Tensor]) -> None:
         x, y = batch

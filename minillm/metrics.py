@@ -33,6 +33,12 @@ BEST_IS_HIGH = (GRAD_NORM, MAX_ABS_H, MAX_ATTN_LOGIT, LOG_Z_MAX, UPDATE_RATIO, O
 PER_SITE = ("layer", "norm")  # the kinds of per-block and per-norm-site names
 
 
+def tokens_seen(steps: int, batch_tokens: int, world_size: int = 1, accumulate: int = 1) -> int:
+    """``train/tokens`` after ``steps`` optimizer steps: every process's micro-batches of ``batch_tokens`` tokens
+    (the one count: the LightningModule logs it, summary.json reports it)."""
+    return steps * batch_tokens * world_size * accumulate
+
+
 def eval_metric(stage: str, name: str) -> str:
     """``<stage>/<name>`` for stage val or test and a name of EVAL_NAMES."""
     return f"{stage}/{name}"

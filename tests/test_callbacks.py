@@ -17,7 +17,6 @@ import pytest
 import torch
 from helpers import EAGER_NORMS, ROOT, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import open_dict
@@ -25,8 +24,10 @@ from omegaconf import open_dict
 import minillm.train as train_script
 from minillm.callbacks import (
     ActivationProbe,
+    Checkpoint,
     DivergenceGuard,
     LossSpikeDetector,
+    RunTotals,
     StabilityMonitor,
     bn_sampling_null,
     bn_stat_distance,
@@ -229,8 +230,8 @@ def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement)
 
 
 def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
-    ckpt = ModelCheckpoint(save_last=True)
-    trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, checkpoint_callbacks=[ckpt], loggers=[])
+    totals = RunTotals()
+    trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, callbacks=[totals], loggers=[])
     module = torch.nn.Linear(2, 2)
     guard = DivergenceGuard(max_loss=6.0, patience=3)
     for step, loss in enumerate([5.0, 9.0, 9.0, 4.0, 9.0, 9.0, 9.0, 9.0]):
@@ -241,7 +242,8 @@ def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
             break
     assert (guard.diverged, guard.step, trainer.should_stop) == (True, 6, True)
     assert "above 6 for 3 consecutive steps" in guard.reason
-    assert ckpt.save_top_k == 0 and ckpt.save_last is False
+    assert totals.values() == {"stopped_early": True, "diverged_step": 6, "diverged_reason": guard.reason}
+    assert Checkpoint()._diverged(trainer)  # minillm's ModelCheckpoint writes nothing from now on
     guard = DivergenceGuard(max_loss=None, max_loss_factor=None)
     guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(1e30)}, None, 0)
     assert not guard.diverged  # no ceiling: only non-finite values stop
@@ -271,7 +273,7 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     assert logger.series("stab/grad_nonfinite")[1] >= 1 and logger.series("stab/grad_nonfinite")[0] == 0
     assert logger.series("stab/update_ratio")[1] == 0.0  # the skipped step changed nothing
     assert logger.series("stab/output_change")[1] == 0.0 < min(logger.series("stab/output_change")[s] for s in (0, 2))
-    assert monitor.skipped_steps == 1 and not guard.diverged
+    assert RunTotals.of(trainer).get("skipped_steps") == 1 and not guard.diverged
 
 
 # --- training runs ------------------------------------------------------------------------------------------

@@ -60,6 +60,13 @@ def _guarded(name: str, hook: Any) -> Any:
     return call
 
 
+def eager(pl_module: L.LightningModule, requester: object, on: bool) -> None:
+    """Ask the module to run uncompiled (or take the request back) while the requester's hooks are attached;
+    a module without compilation (no ``run_eagerly``) runs eagerly anyway."""
+    if hasattr(pl_module, "run_eagerly"):
+        pl_module.run_eagerly(requester, on)
+
+
 def last_step(trainer: L.Trainer) -> int:
     """0-based index of the last optimizer step taken: the ``step`` of its row in csv/metrics.csv."""
     return max(trainer.global_step - 1, 0)

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from minillm.callbacks.common import last_step, log_metrics, train_loss
+from minillm.callbacks.run_totals import RunTotals
 from minillm.errors import check_bool, check_int, check_number
 from minillm.metrics import DIVERGED
 
@@ -35,8 +36,9 @@ class DivergenceGuard(L.Callback):
     Diverged: a non-finite train loss, non-finite weights after an optimizer step (``check_weights``: one
     fp32 sum per parameter per step, see params_finite; also checked before validations and at the end), or a
     train loss above the ceiling for ``patience`` consecutive steps (ceiling = ``max_loss``, or
-    ``max_loss_factor * ln(vocab_size)`` when max_loss is null). On divergence every ModelCheckpoint stops
-    saving (save_top_k=0, save_last=False), so best.ckpt / last.ckpt keep the last good weights.
+    ``max_loss_factor * ln(vocab_size)`` when max_loss is null). The verdict goes to RunTotals (``stopped_early``,
+    ``diverged_step``, ``diverged_reason``), where summary.json and minillm's checkpoint callback read it: after a
+    divergence no checkpoint is written, so best.ckpt / last.ckpt keep the last good weights.
     """
 
     def __init__(self, max_loss: float | None = None, max_loss_factor: float | None = 1.5, patience: int = 20,
@@ -107,11 +109,13 @@ class DivergenceGuard(L.Callback):
         self._check_weights(trainer, pl_module)
 
     def trip(self, trainer: L.Trainer, reason: str) -> None:
-        """Mark the run diverged at the current step, stop it and freeze the checkpoints."""
+        """Mark the run diverged at the current step (in RunTotals too) and stop it."""
         self.diverged, self.step, self.reason = True, self._step, reason
         trainer.should_stop = True
-        for ckpt in trainer.checkpoint_callbacks:
-            ckpt.save_top_k, ckpt.save_last = 0, False
+        totals = RunTotals.of(trainer)
+        totals.set("stopped_early", True)
+        totals.set("diverged_step", self._step)
+        totals.set("diverged_reason", reason)
         log_metrics(trainer, {DIVERGED: 1.0}, self._step)
         rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping, checkpoints kept as they are")
 

@@ -11,9 +11,8 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
-from minillm.callbacks.common import Observer, last_step
+from minillm.callbacks.common import Observer, eager, last_step
 from minillm.callbacks.probe import NORM_TYPES
-from minillm.callbacks.stability import _eager
 from minillm.errors import check_int
 from minillm.metrics import hist_metric
 
@@ -64,7 +63,7 @@ class NormHistograms(Observer):
         for name, module in model.named_modules():
             if isinstance(module, NORM_TYPES):
                 self._handles.append(module.register_forward_pre_hook(partial(self._keep_input, name)))
-        _eager(pl_module, True)
+        eager(pl_module, self, True)
 
     @torch.no_grad()
     def _keep_input(self, name: str, module: nn.Module, args: tuple) -> None:
@@ -76,7 +75,7 @@ class NormHistograms(Observer):
             handle.remove()
         self._handles.clear()
         if pl_module is not None:
-            _eager(pl_module, False)  # a compiled model runs compiled again
+            eager(pl_module, self, False)  # a compiled model runs compiled again
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from minillm import _compat
-from minillm.callbacks.common import Observer, finite_max, log_metrics, train_loss
+from minillm.callbacks.common import Observer, eager, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
+from minillm.callbacks.run_totals import RunTotals
 from minillm.errors import check_bool, check_int, check_number
 from minillm.metrics import (
     AMP_SCALE,
@@ -97,7 +98,7 @@ class StabilityMonitor(Observer):
     ``every_n_steps`` optimizer steps; the attention-logit probe every ``probe_every_n_steps``; the loss-spike
     score and the GradScaler bookkeeping every step (both are scalar reads). Hooks exist only during the
     measured steps, so other steps run the model untouched; with ``model.compile=true`` the measured steps run
-    the model uncompiled (``LitLM.eager_forward``), because hooks added to a compiled model are never called.
+    the model uncompiled (``LitLM.run_eagerly``), because hooks added to a compiled model are never called.
     ``output_change`` runs the model twice more on the first ``probe_batch_size`` sequences of a measured step,
     in eval mode and without gradients, before and after the optimizer step (BatchNorm uses its running
     statistics there and does not update them).
@@ -116,15 +117,7 @@ class StabilityMonitor(Observer):
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
         self.probe: ActivationProbe | None = None
         self.scaler = None
-        # run totals, read by RunSummary; the gradient ones cover every step and stay on the device
-        self._max_grad_norm: Tensor | None = None
-        self._nonfinite_grad_steps: Tensor | int = 0
-        self._before_resume = {"max_grad_norm": None, "nonfinite_grad_steps": 0, "skipped_steps": 0}
-        self.max_attn_logit: float | None = None
-        self.max_abs_h: float | None = None
-        self.max_log_z: float | None = None
-        self.amp_scale: float | None = None
-        self._skipped: Tensor | int = 0
+        self.totals: RunTotals | None = None  # the run's totals this callback feeds (set in on_fit_start)
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -135,42 +128,21 @@ class StabilityMonitor(Observer):
         self._logp_before: Tensor | None = None
         self._scale_before: Tensor | None = None
 
-    @property
-    def skipped_steps(self) -> int:
-        return self._before_resume["skipped_steps"] + int(self._skipped)
-
-    @property
-    def max_grad_norm(self) -> float | None:
-        """Largest finite global gradient norm over every optimizer step (after unscaling, before clipping)."""
-        now = None if self._max_grad_norm is None else float(self._max_grad_norm)
-        return finite_max(self._before_resume["max_grad_norm"], now)
-
-    @property
-    def nonfinite_grad_steps(self) -> int:
-        """Optimizer steps whose gradients held an inf or NaN (under 16-mixed: the steps the scaler skipped)."""
-        return self._before_resume["nonfinite_grad_steps"] + int(self._nonfinite_grad_steps)
-
     def state_dict(self) -> dict[str, Any]:
-        """The run totals and the spike history (plain values), so a resumed run continues them."""
-        return {"spikes": self.spikes.state_dict(), "max_grad_norm": self.max_grad_norm,
-                "nonfinite_grad_steps": self.nonfinite_grad_steps, "skipped_steps": self.skipped_steps,
-                "max_attn_logit": self.max_attn_logit, "max_abs_h": self.max_abs_h, "max_log_z": self.max_log_z,
-                "amp_scale": self.amp_scale}
+        """The spike detector's history (plain values), so a resumed run continues it; the run totals this
+        callback measures (max_grad_norm, nonfinite_grad_steps, skipped_steps, spike_count, max_attn_logit,
+        max_abs_h, max_log_z, amp_scale) are RunTotals', in its state."""
+        return {"spikes": self.spikes.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.spikes.load_state_dict(state["spikes"])
-        self._before_resume = {k: state[k] for k in ("max_grad_norm", "nonfinite_grad_steps", "skipped_steps")}
-        self._max_grad_norm, self._nonfinite_grad_steps, self._skipped = None, 0, 0
-        self.max_attn_logit, self.max_abs_h = state["max_attn_logit"], state["max_abs_h"]
-        self.max_log_z, self.amp_scale = state["max_log_z"], state["amp_scale"]
-
-    @property
-    def spike_count(self) -> int:
-        return self.spikes.count
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.probe = ActivationProbe(getattr(pl_module, "model", pl_module), self.probe_batch_size)
         self.scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.totals = RunTotals.of(trainer)
+        for count in ("nonfinite_grad_steps", "skipped_steps", "spike_count"):
+            self.totals.add(count, 0)  # 0 from the start: measured, none seen
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -179,7 +151,7 @@ class StabilityMonitor(Observer):
         if self._measure and self.probe is not None and not self.probe.attached:
             probe_attn = self.probe_every_n_steps is not None and self._step % self.probe_every_n_steps == 0
             self.probe.attach(attention=probe_attn)
-            _eager(pl_module, True)  # a compiled model would not call the hooks
+            eager(pl_module, self, True)  # a compiled model would not call the hooks
         if self._measure and self.output_change and self._probe_x is None:  # first micro-batch of the step
             self._probe_x = batch[0][: self.probe_batch_size].detach()
 
@@ -189,12 +161,10 @@ class StabilityMonitor(Observer):
         if scale is not None:
             self._scale_before = scale.detach().clone()
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if grads:  # every step: one fused norm, no device sync (read once, at the end)
+        if grads:  # every step: one fused norm, no device sync (RunTotals reads them once, at the end)
             total = get_total_norm(grads, 2.0)
-            finite = total.isfinite()
-            self._nonfinite_grad_steps = self._nonfinite_grad_steps + (~finite).long()
-            total = torch.where(finite, total, torch.zeros_like(total))
-            self._max_grad_norm = total if self._max_grad_norm is None else torch.maximum(self._max_grad_norm, total)
+            self.totals.add("nonfinite_grad_steps", (~total.isfinite()).long())  # inf or NaN gradients
+            self.totals.record_max("max_grad_norm", total)  # after unscaling, before clipping
         if not self._measure:
             return
         if self.probe is not None:
@@ -266,16 +236,18 @@ class StabilityMonitor(Observer):
             score, spike = self.spikes.update(float(loss.detach()))
             if (report or spike) and math.isfinite(score):  # no score before spike_min_history losses
                 metrics[LOSS_SPIKE_SCORE] = score
+            if spike:
+                self.totals.add("spike_count")
             if report or spike:
                 metrics[LOSS_SPIKES] = float(self.spikes.count)
         if self._stepped and self.scaler is not None:
             scale = _compat.grad_scaler_scale(self.scaler)
             if scale is not None and self._scale_before is not None:
-                self._skipped = self._skipped + (scale < self._scale_before).long()  # backoff: inf/NaN found
+                self.totals.add("skipped_steps", (scale < self._scale_before).long())  # backoff: inf/NaN found
             if report:
-                self.amp_scale = float(self.scaler.get_scale())
-                metrics[AMP_SCALE] = self.amp_scale
-                metrics[AMP_SKIPPED_STEPS] = float(self.skipped_steps)
+                metrics[AMP_SCALE] = float(self.scaler.get_scale())
+                self.totals.set("amp_scale", metrics[AMP_SCALE])
+                metrics[AMP_SKIPPED_STEPS] = float(self.totals.get("skipped_steps", 0))
         if report:
             tensors = dict(self._pending)
             if self._w_before is not None:
@@ -294,7 +266,7 @@ class StabilityMonitor(Observer):
             log_metrics(trainer, metrics, self._step)
         if self._stepped:
             self._reset_step()
-            _eager(pl_module, False)
+            eager(pl_module, self, False)
 
     def _summarize(self, metrics: dict[str, float]) -> None:
         """Add the step's derived maxima to metrics and fold them into the run totals."""
@@ -302,17 +274,17 @@ class StabilityMonitor(Observer):
         logits = [v for k, v in metrics.items() if k.endswith("/attn_logit_max")]
         if resid:
             metrics[MAX_ABS_H] = max(resid)
-            self.max_abs_h = finite_max(self.max_abs_h, metrics[MAX_ABS_H])
+            self.totals.record_max("max_abs_h", metrics[MAX_ABS_H])
         if logits:
             metrics[MAX_ATTN_LOGIT] = max(logits)
-            self.max_attn_logit = finite_max(self.max_attn_logit, metrics[MAX_ATTN_LOGIT])
+            self.totals.record_max("max_attn_logit", metrics[MAX_ATTN_LOGIT])
         if LOG_Z_MAX in metrics:
-            self.max_log_z = finite_max(self.max_log_z, metrics[LOG_Z_MAX])
+            self.totals.record_max("max_log_z", metrics[LOG_Z_MAX])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.probe is not None:
             self.probe.detach()
-        _eager(pl_module, False)
+        eager(pl_module, self, False)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
@@ -323,10 +295,4 @@ class StabilityMonitor(Observer):
         if self.probe is not None:
             self.probe.detach()
         if pl_module is not None:
-            _eager(pl_module, False)
-
-
-def _eager(pl_module: L.LightningModule, on: bool) -> None:
-    """Run the model uncompiled (LitLM.eager_forward) while the hooks are attached."""
-    if hasattr(pl_module, "eager_forward"):
-        pl_module.eager_forward = on
+            eager(pl_module, self, False)

@@ -17,10 +17,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.multiprocessing import ProcessExitedException
 
-from minillm.callbacks.common import Observer, find_callback, last_step
-from minillm.callbacks.divergence import DivergenceGuard
-from minillm.callbacks.stability import StabilityMonitor
-from minillm.metrics import TEST_LOSS, VAL_LOSS
+from minillm.callbacks.common import Observer, last_step
+from minillm.callbacks.run_totals import TOTALS, RunTotals
+from minillm.metrics import TEST_LOSS, VAL_LOSS, tokens_seen
 from minillm.outcome import is_diverged, is_failed, is_not_trained
 from minillm.version import provenance
 
@@ -63,7 +62,7 @@ class RunSummary(L.Callback):
         self._started_at = _utc_now()
         self._fit_seen = False
         self.val_history: list[tuple[int, float]] = []
-        self.tokens, self.batch_shape = 0, None
+        self.batch_shape: tuple[int, ...] | None = None
         self._t_train: float | None = None  # when this process started training
         self._val_t: float | None = None  # when the running validation started (None outside one)
         self._val_time = 0.0  # validation seconds since _t_train
@@ -81,14 +80,13 @@ class RunSummary(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to summarize the whole run (plain values for weights_only loading)."""
-        return {"val_history": [list(v) for v in self.val_history], "tokens": self.tokens,
+        return {"val_history": [list(v) for v in self.val_history],
                 "batch_shape": list(self.batch_shape) if self.batch_shape else None,
                 "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0,
                 "started_at": self._started_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
-        self.tokens = state["tokens"]
         self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
         self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
         self._started_at = state.get("started_at", self._started_at)  # older checkpoints lack it
@@ -101,9 +99,8 @@ class RunSummary(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        if isinstance(x, Tensor):
-            self.batch_shape = self.batch_shape or tuple(x.shape)
-            self.tokens += x.numel() * trainer.world_size
+        if isinstance(x, Tensor) and self.batch_shape is None:
+            self.batch_shape = tuple(x.shape)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._t_train is not None:
@@ -173,14 +170,11 @@ class RunSummary(L.Callback):
         hp = getattr(pl_module, "hparams", {})
         group = trainer.optimizers[0].param_groups[0] if trainer.optimizers else {}
         opt_kw = {"lr": group.get("initial_lr", group.get("lr")), "weight_decay": group.get("weight_decay")}
-        sched = getattr(pl_module, "scheduler_factory", None) or hp.get("scheduler")
-        sched_kw = getattr(sched, "keywords", None) or {}
         vocab = getattr(cfg, "vocab_size", None)
         loss_init = math.log(vocab) if vocab else None
         s: dict[str, Any] = {
             "name": None, "norm": getattr(cfg, "norm", None), "placement": getattr(cfg, "placement", None),
-            "lr": opt_kw.get("lr"), "warmup_steps": sched_kw.get("warmup_steps"),
-            "precision": str(trainer.precision), "seed": _env_int("PL_GLOBAL_SEED"),
+            "lr": opt_kw.get("lr"), "warmup_steps": None, "precision": str(trainer.precision), "seed": None,
         }
         s.update(self.config)
         s["precision_used"] = str(trainer.precision)
@@ -201,10 +195,10 @@ class RunSummary(L.Callback):
         finite_vals = [(st, v) for st, v in self.val_history if math.isfinite(v)]
         best = min(finite_vals, key=lambda sv: sv[1]) if finite_vals else (None, None)
         final_val = self.val_history[-1][1] if self.val_history else None
-        guard = find_callback(trainer, DivergenceGuard)
-        tripped = bool(guard and guard.diverged)
+        totals = {**dict.fromkeys(TOTALS), **RunTotals.of(trainer).values()}
+        tripped = bool(totals.pop("stopped_early", None))
         diverged = is_diverged(tripped, final_val, loss_init, best[1])
-        step, reason = (guard.step, guard.reason) if tripped else (None, None)
+        step, reason = totals.pop("diverged_step", None), totals.pop("diverged_reason", None)
         if diverged and not tripped:
             step, reason = last_step(trainer), (f"final val loss {final_val:.4g} >= ln(vocab_size) = {loss_init:.4g}"
                                                 f" after {best[1]:.4g} at step {best[0]}" if math.isfinite(final_val)
@@ -213,8 +207,9 @@ class RunSummary(L.Callback):
             status = "diverged"
         elif status == "completed" and is_not_trained(diverged, final_val, loss_init):
             status = "not_trained"
-        monitor = find_callback(trainer, StabilityMonitor)
         train_time = self.train_time()
+        batch_tokens = math.prod(self.batch_shape) if self.batch_shape else 0
+        tokens = tokens_seen(trainer.global_step, batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
         s.update({
             "status": status,
             "error": error,
@@ -224,17 +219,10 @@ class RunSummary(L.Callback):
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": tripped,
             "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
-            "max_grad_norm": getattr(monitor, "max_grad_norm", None),
-            "nonfinite_grad_steps": getattr(monitor, "nonfinite_grad_steps", None),
-            "spike_count": getattr(monitor, "spike_count", None),
-            "max_attn_logit": getattr(monitor, "max_attn_logit", None),
-            "max_abs_h": getattr(monitor, "max_abs_h", None),
-            "max_log_z": getattr(monitor, "max_log_z", None),
-            "skipped_steps": monitor.skipped_steps if monitor else None,
-            "amp_scale": getattr(monitor, "amp_scale", None),
-            "tokens": self.tokens,
+            **totals,  # RunTotals: max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, ...
+            "tokens": tokens,
             "train_time_s": round(train_time, 3),
-            "tokens_per_s": self.tokens / train_time if train_time > 0 else None,
+            "tokens_per_s": tokens / train_time if train_time > 0 else None,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
             "callback_errors": {type(c).__name__: c.failure for c in trainer.callbacks if isinstance(c, Observer)
