@@ -1,18 +1,16 @@
 """Every use of a library's private API, in one place, each with a test in tests/test_compat.py that fails
 loudly when the library changes (instead of a guard that would turn an upgrade into a silent no-op).
 
-Lightning and torch are pinned to tested ranges in pyproject.toml; these are what an upgrade must re-check.
-Also relied on, outside this module: Lightning's ``RichProgressBar._get_train_description`` (overridden in
-minillm/callbacks/progress.py) and WandbLogger's ``_wandb_init`` / ``_experiment`` / ``_offline``
-(minillm/loggers.py); tests/test_compat.py checks that both still exist. No Lightning import at module level:
-the model's code (minillm/distributed.py) uses this module too.
+Lightning, torch, W&B and datasets are pinned to tested ranges in pyproject.toml; these are what an upgrade must
+re-check. No Lightning import at module level: the model's code (minillm/distributed.py, generation.py) uses
+this module too.
 """
 
 from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -90,3 +88,73 @@ def store_one_logged_step_less(checkpoint: dict) -> None:
     indices as an uninterrupted run (Lightning 2.6 layout)."""
     state = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
     state["_batches_that_stepped"] -= 1
+
+
+# --- loggers (minillm/loggers.py) -----------------------------------------------------------------------------
+
+
+def logger_experiment(logger: Any) -> Any:
+    """The run object a Lightning logger has made so far (``_experiment``), None before its first use."""
+    return logger._experiment
+
+
+def set_logger_experiment(logger: Any, experiment: Any) -> None:
+    logger._experiment = experiment
+
+
+def logger_fs(obj: Any) -> Any:
+    """The fsspec file system of Lightning's CSVLogger or of its ExperimentWriter (``_fs``)."""
+    return obj._fs
+
+
+def keep_existing_log_dir(writer_cls: type) -> type:
+    """Class decorator for a subclass of Lightning's CSV ExperimentWriter: it keeps a log folder that holds a
+    metrics.csv (Lightning's ``_check_log_dir_exists`` warns and deletes it)."""
+    writer_cls._check_log_dir_exists = lambda self: None
+    return writer_cls
+
+
+def rewrite_csv_header(writer: Any, keys: list[str]) -> None:
+    """Lightning's ExperimentWriter rewrites its metrics.csv with a wider header (``_rewrite_with_new_header``)."""
+    writer._rewrite_with_new_header(keys)
+
+
+def wandb_init_kwargs(logger: Any) -> dict:
+    """The keyword arguments WandbLogger will pass to ``wandb.init`` (``_wandb_init``; changes take effect)."""
+    return logger._wandb_init
+
+
+def wandb_offline(logger: Any) -> bool:
+    return bool(logger._offline)
+
+
+def wandb_go_offline(logger: Any) -> None:
+    """Make WandbLogger start its run again, offline (after an online start failed)."""
+    logger._offline = True
+    logger._experiment = None
+    logger._wandb_init["mode"] = "offline"
+
+
+# --- progress bar (minillm/callbacks/progress.py) -----------------------------------------------------------
+
+
+def label_training_by_steps(bar_cls: type) -> type:
+    """Class decorator for a subclass of Lightning's RichProgressBar: with max_epochs=-1 (training by steps) the
+    training line says "Epoch N", not "Epoch N/-2" (Lightning's ``_get_train_description``)."""
+    original = bar_cls._get_train_description
+
+    def description(self: Any, current_epoch: int) -> str:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return original(self, current_epoch)
+
+    bar_cls._get_train_description = description
+    return bar_cls
+
+
+# --- datasets (minillm/data/token_files.py) --------------------------------------------------------------
+
+
+def selects_rows(dataset: Any) -> bool:
+    """A `datasets.Dataset` that is a selection of its Arrow files' rows (an indices mapping, ``_indices``)."""
+    return dataset._indices is not None

@@ -14,24 +14,23 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from minillm import _compat
 from minillm.errors import check_bool, check_int
 from minillm.metrics import BEST_IS_HIGH, BEST_IS_LOW, PER_SITE, parse_metric
 
 log = logging.getLogger("minillm")
 
 
+@_compat.keep_existing_log_dir
 class AppendingWriter(ExperimentWriter):
     """Lightning's CSV writer, made safe for a file that other writers wrote before: it keeps an existing
     metrics.csv (Lightning deletes it) and takes the header from the file at every save, so a resumed run, or
     the test pass of a DDP run whose fit ran in other processes, adds rows instead of failing or erasing."""
 
-    def _check_log_dir_exists(self) -> None:
-        pass  # keep what is there
-
     def _file_header(self) -> list[str]:
-        if not self._fs.isfile(self.metrics_file_path):
+        if not _compat.logger_fs(self).isfile(self.metrics_file_path):
             return []
-        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+        with _compat.logger_fs(self).open(self.metrics_file_path, "r", newline="") as f:
             return next(csv.reader(f), [])
 
     def save(self) -> None:
@@ -40,8 +39,8 @@ class AppendingWriter(ExperimentWriter):
         on_disk = self._file_header()
         self.metrics_keys = sorted(set(on_disk) | set(self.metrics_keys) | set().union(*self.metrics))
         if on_disk and set(self.metrics_keys) != set(on_disk):
-            self._rewrite_with_new_header(self.metrics_keys)
-        with self._fs.open(self.metrics_file_path, mode="a" if on_disk else "w", newline="") as f:
+            _compat.rewrite_csv_header(self, self.metrics_keys)
+        with _compat.logger_fs(self).open(self.metrics_file_path, mode="a" if on_disk else "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
             if not on_disk:
                 writer.writeheader()
@@ -51,14 +50,14 @@ class AppendingWriter(ExperimentWriter):
     def drop_from(self, step: int) -> None:
         """Remove the rows logged at ``step`` or later (a run resumed from a checkpoint at that step logs them
         again)."""
-        if not self._fs.isfile(self.metrics_file_path):
+        if not _compat.logger_fs(self).isfile(self.metrics_file_path):
             return
-        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+        with _compat.logger_fs(self).open(self.metrics_file_path, "r", newline="") as f:
             reader = csv.DictReader(f)
             header, rows = reader.fieldnames or [], list(reader)
         kept = [r for r in rows if not (r.get("step") not in (None, "") and int(float(r["step"])) >= step)]
         if len(kept) != len(rows):
-            with self._fs.open(self.metrics_file_path, "w", newline="") as f:
+            with _compat.logger_fs(self).open(self.metrics_file_path, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=header)
                 writer.writeheader()
                 writer.writerows(kept)
@@ -71,10 +70,10 @@ class AppendingCSVLogger(CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> AppendingWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+        if _compat.logger_experiment(self) is None:
+            _compat.logger_fs(self).makedirs(self.root_dir, exist_ok=True)
+            _compat.set_logger_experiment(self, AppendingWriter(log_dir=self.log_dir))
+        return _compat.logger_experiment(self)
 
     @rank_zero_only
     def resume_at(self, step: int) -> None:
@@ -113,7 +112,7 @@ class SafeWandbLogger(WandbLogger):
         kwargs.setdefault("settings", {"init_timeout": init_timeout, "silent": True})
         kwargs["tags"] = [*(kwargs.get("tags") or []), *run_tags]  # the user's tags, then norm:/placement:/...
         super().__init__(*args, offline=offline, **kwargs)
-        self._wandb_init.pop("anonymous", None)  # deprecated in wandb; passing it at all prints a warning
+        _compat.wandb_init_kwargs(self).pop("anonymous", None)  # deprecated in wandb: passing it prints a warning
         self.per_layer_scalars, self.profile_every_n_steps = per_layer_scalars, profile_every_n_steps
         self._announced = False
 
@@ -122,7 +121,7 @@ class SafeWandbLogger(WandbLogger):
     def experiment(self):
         import wandb
 
-        if self._experiment is None and wandb.run is not None:
+        if _compat.logger_experiment(self) is None and wandb.run is not None:
             # a run left open by an earlier logger in this process (the previous job of an in-process
             # Hydra sweep): WandbLogger would log this run into it
             wandb.finish()
@@ -134,9 +133,7 @@ class SafeWandbLogger(WandbLogger):
             rank_zero_warn(f"W&B could not start online ({reason}); logging offline instead.")
             if wandb.run is not None:
                 wandb.finish()
-            self._offline = True
-            self._experiment = None
-            self._wandb_init["mode"] = "offline"
+            _compat.wandb_go_offline(self)
             run = super().experiment
         finally:
             if mode is None:
@@ -153,7 +150,7 @@ class SafeWandbLogger(WandbLogger):
             run.define_metric(key, summary="min")
         for key in BEST_IS_HIGH:
             run.define_metric(key, summary="max")
-        if self._offline:
+        if _compat.wandb_offline(self):
             folder = Path(run.dir).parent
             log.info(f"W&B: offline run {run.id} in {folder}; upload it with: wandb sync {folder}")
         else:
@@ -188,9 +185,10 @@ class SafeWandbLogger(WandbLogger):
     @rank_zero_only
     def finish(self) -> None:
         """End the W&B run: everything logged is written (offline) or uploaded, the run marked finished."""
-        if self._experiment is not None:
-            self._experiment.finish()
-            self._experiment = None
+        run = _compat.logger_experiment(self)
+        if run is not None:
+            run.finish()
+            _compat.set_logger_experiment(self, None)
 
     @rank_zero_only
     def record_summary(self, summary: Mapping[str, Any]) -> None:

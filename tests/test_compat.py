@@ -4,6 +4,8 @@ that changes one fails here by name instead of turning a feature into a silent n
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import lightning as L
 import pytest
@@ -122,10 +124,33 @@ def test_grad_scaler_keeps_its_scale_as_a_tensor():
     assert isinstance(scale, torch.Tensor) and float(scale) == scaler.get_scale() == 2.0**10
 
 
-def test_lightning_still_has_what_minillm_overrides_or_reads():
+def test_lightning_still_has_what_minillm_overrides_or_reads(tmp_path):
+    from lightning.fabric.loggers.csv_logs import _ExperimentWriter as FabricWriter
     from lightning.pytorch.callbacks import RichProgressBar
-    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-    assert callable(vars(RichProgressBar).get("_get_train_description"))  # overridden by minillm's RichBar
-    logger = WandbLogger(offline=True, save_dir="/tmp")
-    assert isinstance(logger._wandb_init, dict) and logger._experiment is None and logger._offline is True
+    assert callable(vars(RichProgressBar).get("_get_train_description"))  # label_training_by_steps
+    assert callable(FabricWriter._check_log_dir_exists)  # keep_existing_log_dir
+    assert callable(ExperimentWriter._rewrite_with_new_header)  # rewrite_csv_header
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path))
+    assert isinstance(_compat.wandb_init_kwargs(logger), dict) and _compat.logger_experiment(logger) is None
+    assert _compat.wandb_offline(logger)
+    _compat.wandb_go_offline(logger)
+    assert _compat.wandb_init_kwargs(logger)["mode"] == "offline"
+    csv = CSVLogger(str(tmp_path))
+    assert _compat.logger_fs(csv).isdir(str(tmp_path)) and _compat.logger_experiment(csv) is None
+
+
+def test_a_selection_of_rows_is_seen_in_a_dataset():
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c"]})
+    assert not _compat.selects_rows(ds) and _compat.selects_rows(ds.select([2, 0]))
+
+
+def test_the_eager_stance_imports_no_compiler_unless_one_is_loaded():
+    code = ("import sys; from minillm import _compat\n"
+            "with _compat.eager_stance(): pass\n"
+            "assert 'torch._dynamo' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
+from minillm import _compat
 from minillm.callbacks.common import Observer, train_loss
 from minillm.errors import check_choice, check_number
 from minillm.metrics import TRAIN_LOSS
@@ -70,6 +71,7 @@ def follow_console(logger: logging.Logger | None = None) -> None:
                     handler.setStream(_Current(name))
 
 
+@_compat.label_training_by_steps
 class RichBar(RichProgressBar, Observer):
     """Lightning's rich progress bar, for runs that train by steps: the label is "Epoch N", not "Epoch N/-2",
     and the bar counts the optimizer steps of the whole run, ``global_step / max_steps`` (Lightning's counts
@@ -83,11 +85,6 @@ class RichBar(RichProgressBar, Observer):
     @property
     def total_train_batches(self) -> int | float:
         return self.trainer.max_steps if self._by_steps() else super().total_train_batches
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
-            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
-        return super()._get_train_description(current_epoch)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         follow_console()

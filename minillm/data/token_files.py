@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from minillm import _compat
 from minillm.data.corpus import Documents
-from minillm.data.tokenizer import DOC_SEPARATOR, Tokenizer, _code_points, token_dtype
+from minillm.data.tokenizer import DOC_SEPARATOR, Tokenizer, code_points, token_dtype
 
 ROWS_PER_BATCH = {False: 1000, True: 16}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
 SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
@@ -76,7 +77,7 @@ def _environ(**values: str | None) -> Iterator[None]:
 
 def _chars_of_rows(table: pa.Table, pieces: bool) -> pa.Table:
     texts, ends = texts_of(table, pieces)
-    codes = np.unique(_code_points("".join(texts)))
+    codes = np.unique(code_points("".join(texts)))
     return pa.table({"codes": pa.array([codes], pa.list_(pa.uint32())), "docs": pa.array([sum(ends)], pa.int64())})
 
 
@@ -131,7 +132,7 @@ def _batches(encoded: Any) -> Iterator[pa.RecordBatch | pa.Table]:
     """The rows of a map's output in order. A Dataset's Arrow cache files are read with plain reads rather than
     through datasets' memory map, whose pages would stay in this process's RSS: the corpus's worth of them."""
     files = [f["filename"] for f in encoded.cache_files] if isinstance(encoded, datasets.Dataset) else []
-    if not files or encoded._indices is not None:  # streaming (no files), or rows selected from the files
+    if not files or _compat.selects_rows(encoded):  # streaming (no files), or rows selected from the files
         yield from encoded.with_format("arrow").iter(batch_size=1)
         return
     for name in files:

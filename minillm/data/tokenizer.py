@@ -38,7 +38,7 @@ def _as_numpy(ids: Any) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64).reshape(-1)
 
 
-def _code_points(text: str) -> np.ndarray:
+def code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le"), dtype="<u4")  # (len(text),)
 
 
@@ -82,7 +82,7 @@ class CharTokenizer(_TextTokenizer):
 
     @classmethod
     def from_text(cls, text: str, chunk: int = 1 << 24) -> CharTokenizer:
-        codes = [np.unique(_code_points(text[i : i + chunk])) for i in range(0, len(text), chunk)]
+        codes = [np.unique(code_points(text[i : i + chunk])) for i in range(0, len(text), chunk)]
         return cls("".join(map(chr, np.unique(np.concatenate(codes)).tolist())))
 
     @property
@@ -95,7 +95,7 @@ class CharTokenizer(_TextTokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         """(len(text),) int64 ids; characters outside the vocabulary raise ValueError."""
-        codes = _code_points(text)
+        codes = code_points(text)
         ids = np.searchsorted(self._codes, codes)
         bad = (ids >= len(self._codes)) | (self._codes[np.minimum(ids, len(self._codes) - 1)] != codes)
         if bad.any():
