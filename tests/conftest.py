@@ -1,6 +1,7 @@
 """Shared pytest setup and fixtures."""
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,20 @@ def corpus(tmp_path_factory, request) -> Path:
 def shared_cache(tmp_path_factory) -> Path:
     """One token cache for the module's processes (the corpus is tokenized once, by the first command)."""
     return tmp_path_factory.mktemp("token-cache")
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, corpus) -> Path:
+    """The uninterrupted run that every resumed run must reproduce."""
+    from helpers import run_fast
+
+    return run_fast(tmp_path_factory.mktemp("full"), corpus)
+
+
+@pytest.fixture
+def sigint():
+    """Sets SIGINT's handler for one test (Python's default_int_handler unless the test sets another) and
+    restores the one before: pytest started as a background job of a script begins with SIGINT ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -1,16 +1,21 @@
 """Helpers shared by the tests (each defined once): generated text, composed real configs, CSV rows, tiny
-models and random tensors, and the norms of the registry the registry-driven tests run over."""
+models and random tensors, the norms of the registry the registry-driven tests run over, and the callbacks
+and short runs the tests inject (a signal at a step, a poisoned gradient, a crash, an in-memory logger)."""
 
 from __future__ import annotations
 
 import csv
+import os
 import random
+import time
 from pathlib import Path
 
+import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.loggers.logger import Logger
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
@@ -224,3 +229,118 @@ def legacy_char_stream(docs: list[str], val_fraction: float = 0.1):
     ids = tok.encode(text).astype(token_dtype(tok.vocab_size))
     n_train = int(len(ids) * (1.0 - val_fraction))
     return tok, ids[:n_train], ids[n_train:]
+
+
+# --- callbacks and runs the tests inject (Hydra targets: helpers.<Class>) ---------------------------------------
+
+FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "trainer.val_check_interval=3",
+        "scheduler.total_steps=6", "+trainer.enable_progress_bar=false",
+        "+trainer.enable_checkpointing=false"]
+
+
+RESUMABLE = ["callbacks=default", "++trainer.enable_checkpointing=true", "++trainer.enable_progress_bar=true",
+             "logger=csv"]  # callbacks and logs as a user's run has them
+
+
+MARKER = "reliability-test: waiting for a signal at step"
+
+
+class SignalAt(L.Callback):
+    """Sends `signum` to this process after a training step, during a validation, or (``during_validation="end"``)
+    as the validation ends, after PreemptionCheckpoint's own hook (in-process preemption); under DDP only in the
+    process of rank `rank` (the others must follow it)."""
+
+    def __init__(self, signum: int, step: int, during_validation: bool | str = False, rank: int = 0):
+        self.signum, self.step, self.during_validation, self.rank = signum, step, during_validation, rank
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if not self.during_validation and trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if (self.during_validation == "end" and trainer.global_step == self.step and not trainer.sanity_checking
+                and trainer.global_rank == self.rank):
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if (self.during_validation is True and trainer.global_step == self.step and batch_idx == 0
+                and trainer.global_rank == self.rank):
+            os.kill(os.getpid(), self.signum)
+
+
+class WaitForSignalAt(L.Callback):
+    """After training step `step`, prints MARKER and waits (at most 60 s) for a signal sent from outside."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            print(f"{MARKER} {self.step}", flush=True)
+            deadline = time.time() + 60
+            while not trainer.received_sigterm and time.time() < deadline:
+                time.sleep(0.02)
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+def run_fast(tmp_path: Path, corpus: Path, *overrides: str) -> Path:
+    """A 6-step run with validations after steps 3 and 6 and only the preemption callback (FAST)."""
+    cfg = compose_cfg(tmp_path, corpus, *FAST, *overrides)
+    import minillm.train as train_script
+
+    train_script.train(cfg)
+    return Path(cfg.paths.output_dir)
+
+
+class MemoryLogger(Logger):
+    """Keeps log_metrics calls in memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def series(self, key: str) -> dict[int, float]:
+        return {step: m[key] for step, m in self.rows if key in m}
+
+
+class PoisonGrad(L.Callback):
+    """Sets a gradient to ``value`` after the backward of step ``at_step`` (a forced NaN / overflow)."""
+
+    def __init__(self, at_step: int, value: float = float("nan")):
+        self.at_step, self.value = at_step, value
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.at_step:
+            pl_module.model.layers[0].ffn.w1.weight.grad[0, 0] = self.value
+
+
+class CrashAt(L.Callback):
+    """Raises at the start of step ``at_step``: a crash (OOM, a bug), not a divergence."""
+
+    def __init__(self, at_step: int):
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated crash")

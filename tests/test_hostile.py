@@ -132,7 +132,7 @@ def test_an_observing_callback_that_fails_is_turned_off_and_training_goes_on(tmp
 def test_the_resume_hint_printed_at_a_stop_resumes_that_run(tmp_path, shared_cache, corpus):
     """No run_id: the stop prints a command that continues this run in its own folder, not a fresh one."""
     args = small(corpus, "trainer.max_steps=6", "trainer.val_check_interval=3", "test=false")
-    stop = ["+callbacks.signal._target_=test_reliability.SignalAt", "+callbacks.signal.signum=15",
+    stop = ["+callbacks.signal._target_=helpers.SignalAt", "+callbacks.signal.signum=15",
             "+callbacks.signal.step=2"]
     out = cli([*args, *stop], tmp_path, shared_cache)
     assert out.returncode == 143, out.output[-3000:]

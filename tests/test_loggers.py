@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
+import socket
+import time
+import warnings
 from pathlib import Path
 
 import pytest
-from helpers import compose_cfg, read_wandb_run
+import wandb
+from helpers import (
+    FAST,
+    compose_cfg,
+    read_wandb_run,
+)
 
 import minillm.train as train_script
-from minillm.loggers import AppendingCSVLogger
+from minillm.loggers import AppendingCSVLogger, SafeWandbLogger
 
 
 def rows(folder) -> tuple[list[str], list[dict]]:
@@ -103,7 +112,7 @@ def test_wandb_summary_depth_tables_and_samples_of_a_run(tmp_path, corpus):
 
 def test_wandb_summary_of_a_diverged_run(tmp_path, corpus):
     cfg = compose_cfg(tmp_path, corpus, "logger=wandb", "trainer.max_steps=6", "test=false",
-                      "+callbacks.poison._target_=test_callbacks.PoisonGrad", "+callbacks.poison.at_step=2")
+                      "+callbacks.poison._target_=helpers.PoisonGrad", "+callbacks.poison.at_step=2")
     train_script.train(cfg)
     run = check_summary_is_copied(cfg.paths.output_dir)
     assert run["summary"]["diverged"] is True and run["summary"]["failed"] is True
@@ -117,7 +126,7 @@ def test_per_layer_scalars_switch(tmp_path, corpus):
 
 
 def test_a_resumed_run_continues_its_wandb_run_without_repeating_steps(tmp_path, corpus):
-    signal_at = ["+callbacks.signal._target_=test_reliability.SignalAt",
+    signal_at = ["+callbacks.signal._target_=helpers.SignalAt",
                  f"+callbacks.signal.signum={int(signal.SIGTERM)}", "+callbacks.signal.step=3"]
     common = ["logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=3", "test=false"]
     with pytest.raises(SystemExit):
@@ -130,3 +139,62 @@ def test_a_resumed_run_continues_its_wandb_run_without_repeating_steps(tmp_path,
     steps = [[r["trainer/global_step"] for r in run["history"] if "train/loss" in r] for run in runs]
     assert steps[0] + steps[1] == list(range(6))  # every step once, in order
     check_summary_is_copied(cfg.paths.output_dir)  # the last segment's summary covers the whole run
+
+
+# --- W&B never stops training --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unreachable_wandb(tmp_path, monkeypatch):
+    """WANDB_MODE=online against a closed loopback port; no real key, config or netrc is read."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the socket is
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "f" * 40)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    wandb.finish()  # a run an earlier test left open (Lightning's finalize does not finish it) ...
+    wandb.teardown()  # ... then a fresh setup: wandb reads the environment once per process setup
+    yield
+    wandb.finish()
+    wandb.teardown()
+
+
+def test_training_runs_to_the_end_when_wandb_server_is_unreachable(unreachable_wandb, tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, *FAST, "logger=wandb", "logger.wandb.init_timeout=2")
+    start = time.time()
+    with pytest.warns(UserWarning, match="W&B could not start online .*logging offline instead"):
+        metrics = train_script.train(cfg)
+    assert time.time() - start < 60
+    assert "train/loss" in metrics
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_wandb_without_api_key_falls_back_to_offline(unreachable_wandb, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY")
+    logger = SafeWandbLogger(project="minillm", save_dir=str(tmp_path), offline=False, init_timeout=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger.log_metrics({"train/loss": 1.0}, step=0)
+    messages = [str(w.message) for w in caught]
+    assert any("could not start online (UsageError: No API key" in m for m in messages), messages
+    assert logger._offline
+    logger.finalize("success")
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_each_logger_in_one_process_gets_its_own_run(tmp_path, monkeypatch):
+    """The jobs of an in-process Hydra sweep (plain WandbLogger logs the second into the first one's run)."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    ids = []
+    for job in ("a", "b"):
+        logger = SafeWandbLogger(project="minillm", name=job, save_dir=str(tmp_path / job))
+        logger.log_metrics({"train/loss": 1.0}, step=0)
+        ids.append(logger.experiment.id)
+        assert "WANDB_MODE" not in os.environ  # WandbLogger's WANDB_MODE=dryrun does not leak to the next job
+    wandb.finish()
+    assert ids[0] != ids[1]
+    assert list((tmp_path / "b" / "wandb").glob("offline-run-*"))

@@ -152,7 +152,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signa
     ddp = [*DDP_FAST, "trainer=ddp_cpu", "data.batch_size=4"]
     full = compose_cfg(tmp_path / "full", corpus, *ddp)
     train_script.train(full)
-    cfg = compose_cfg(tmp_path / "run", corpus, *ddp, "+callbacks.signal._target_=test_reliability.SignalAt",
+    cfg = compose_cfg(tmp_path / "run", corpus, *ddp, "+callbacks.signal._target_=helpers.SignalAt",
                       f"+callbacks.signal.signum={int(signal.SIGTERM)}", f"+callbacks.signal.step={signalled}")
     with pytest.raises(SystemExit) as stop:
         train_script.train(cfg)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
+from helpers import CONFIGS
 
 from minillm.errors import ConfigError
 from minillm.run import resolvers
@@ -109,5 +109,5 @@ def test_slurm_needs_a_gpu_count():
 
 
 def test_hydra_config_uses_the_resolvers_and_no_runtime_cwd():
-    text = (Path(__file__).parents[1] / "configs" / "hydra" / "default.yaml").read_text()
+    text = (CONFIGS / "hydra" / "default.yaml").read_text()
     assert "${hydra:runtime.cwd}" not in text and "minillm.run_dir" in text and "minillm.sweep_dir" in text

@@ -1,0 +1,90 @@
+"""DivergenceGuard (minillm/callbacks/divergence.py) and the checkpoint callback that stops saving after a divergence
+(checkpoint.py)."""
+
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import ROOT, compose_cfg, logged, read_rows
+
+import minillm.train as train_script
+from minillm.callbacks import (
+    Checkpoint,
+    DivergenceGuard,
+    RunTotals,
+)
+from minillm.report import write_report
+
+
+def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
+    totals = RunTotals()
+    trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, callbacks=[totals], loggers=[])
+    module = torch.nn.Linear(2, 2)
+    guard = DivergenceGuard(max_loss=6.0, patience=3)
+    for step, loss in enumerate([5.0, 9.0, 9.0, 4.0, 9.0, 9.0, 9.0, 9.0]):
+        trainer.global_step = step
+        guard.on_train_batch_start(trainer, module, None, step)
+        guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, step)
+        if guard.diverged:
+            break
+    assert (guard.diverged, guard.step, trainer.should_stop) == (True, 6, True)
+    assert "above 6 for 3 consecutive steps" in guard.reason
+    assert totals.values() == {"stopped_early": True, "diverged_step": 6, "diverged_reason": guard.reason}
+    assert Checkpoint()._diverged(trainer)  # minillm's ModelCheckpoint writes nothing from now on
+    guard = DivergenceGuard(max_loss=None, max_loss_factor=None)
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(1e30)}, None, 0)
+    assert not guard.diverged  # no ceiling: only non-finite values stop
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("inf"))}, None, 0)
+    assert guard.diverged and "non-finite train loss" in guard.reason
+
+
+def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=8", "trainer.val_check_interval=2",
+                      "+callbacks.poison={_target_:helpers.PoisonGrad,at_step:3}")
+    metrics = train_script.train(cfg)  # returns normally
+    run = Path(cfg.paths.output_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["diverged"] is True and summary["stopped_early"] is True
+    assert summary["status"] == "diverged"
+    assert summary["diverged_step"] == 3 and "non-finite weights" in summary["diverged_reason"]
+    vals = logged(read_rows(run), "val/loss")  # the validation after step 2 is at index 1, as in the CSV
+    assert summary["steps"] == 4 and summary["best_val_step"] == 1 == min(vals, key=vals.get)
+    assert summary["best_val_loss"] == pytest.approx(vals[1])
+    assert summary["nonfinite_grad_steps"] == 1 and "test/loss" in metrics
+    assert summary["failed"] is True
+    assert logged(read_rows(run), "stab/diverged") == {3: 1.0}
+    for name in ("last.ckpt", "best.ckpt"):  # written at step 2, never overwritten by the NaN weights
+        ckpt = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=False)
+        assert ckpt["global_step"] == 2
+        assert all(t.isfinite().all() for t in ckpt["state_dict"].values() if t.is_floating_point())
+    samples = (run / "samples.txt").read_text()  # the step-2 validation's sample; none from NaN weights, no crash
+    assert re.findall(r"^step (\d+):$", samples, flags=re.M) == ["2"]
+
+
+def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_path, corpus):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",
+           "data.batch_size=4", "data.val_windows=4", "trainer=cpu", "trainer.max_steps=8",
+           "trainer.val_check_interval=4", "scheduler.warmup_steps=1", "logger=csv", "callbacks=stability",
+           "callbacks.divergence.patience=2", "test=false", f"paths.cache_dir={tmp_path / 'cache'}",
+           f"hydra.sweep.dir={sweep}", "optimizer.lr=1e-2,1e3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    summaries = {s["lr"]: s for s in summaries}
+    assert sorted(summaries) == [1e-2, 1e3]
+    assert summaries[1e3]["diverged"] is True and summaries[1e3]["stopped_early"] is True
+    assert summaries[1e3]["steps"] < 8 and summaries[1e3]["diverged_reason"]
+    assert summaries[1e-2]["diverged"] is False and summaries[1e-2]["steps"] == 8  # the next run went on
+
+    report = write_report(sweep).read_text()
+    assert "| rmsnorm | pre | 1e+03 |" in report and "| 1.00 |" in report and "| 0.00 |" in report
+    assert all((sweep / "report" / p).stat().st_size > 0 for p in ("loss_by_norm.png", "lr_sensitivity.png"))

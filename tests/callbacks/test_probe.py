@@ -1,0 +1,133 @@
+"""ActivationProbe (minillm/callbacks/probe.py): attention logits, BatchNorm's batch-vs-running distances and their
+sampling null, every norm site of every norm and placement."""
+
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import EAGER_NORMS
+
+from minillm.callbacks import (
+    ActivationProbe,
+    bn_sampling_null,
+    bn_stat_distance,
+)
+from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
+from minillm.norms import BatchNorm
+
+
+def brute_force_max_logit(attn, x, cos, sin) -> float:
+    """Loops over (batch, head, query t, key s <= t) with explicit dot products in float64."""
+    B, T, _ = x.shape
+    H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q = apply_rope(attn.q_norm(attn.wq(x).view(B, T, H, D)), cos, sin).double()  # (B, T, H, D)
+    k = apply_rope(attn.k_norm(attn.wk(x).view(B, T, Hkv, D)), cos, sin).double()  # (B, T, Hkv, D)
+    best = -math.inf
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                for s in range(t + 1):
+                    best = max(best, float(q[b, t, h] @ k[b, s, h // (H // Hkv)]) / math.sqrt(D))
+    return best
+
+
+@torch.no_grad()
+def test_max_attention_logit_matches_brute_force_on_the_probe_batch():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=8,
+                                    qk_norm="layernorm", init_std=0.3))
+    idx = torch.randint(0, 17, (3, 7))
+    inputs = {}
+    for i, block in enumerate(model.layers):  # what attention sees: (x, cos, sin)
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
+    probe = ActivationProbe(model, probe_batch=2)
+    probe.attach(attention=True)
+    model(idx)
+    probe.detach()
+    stats = probe.collect()
+    for i, block in enumerate(model.layers):
+        x, cos, sin = inputs[i]
+        expected = brute_force_max_logit(block.attn, x[:2], cos, sin)  # the probe batch: first 2 sequences
+        assert stats[f"layer/{i}/attn_logit_max"] == pytest.approx(expected, rel=1e-5)
+    assert not probe.attached and all(not b._forward_hooks for b in model.layers)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("stats", ["position", "pooled"])
+def test_bn_stat_distance_is_zero_after_a_step_with_momentum_one(stats):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=17, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm="batchnorm",
+                      norm_options={"momentum": 1.0, "stats": stats})
+    model = Transformer(cfg).train()
+    probe = ActivationProbe(model)
+    probe.attach()
+    model(torch.randint(0, 17, (4, 6)))
+    probe.detach()
+    out = probe.collect()
+    dists = {k: v for k, v in out.items() if k.endswith(("bn_mean_dist", "bn_var_dist", "bn_mean_z", "bn_var_z"))}
+    assert len(dists) == 4 * (2 * 2 + 1) and all(v == 0.0 for v in dists.values())  # 5 BN sites
+    # with momentum m the running stats move a fraction m of the way: distance = (1 - m) * |batch - old|
+    bn = model.norm
+    bn.momentum = 0.25
+    x = torch.randn(4, 6, 16) * 3 + 1
+    old_mean = bn.running_mean.clone()
+    mu, _ = bn.batch_stats(x)
+    bn(x)
+    rows = slice(0, 6) if stats == "position" else slice(None)
+    d_mu, _, z_mu, _ = bn_stat_distance(bn, x)
+    assert float(d_mu) == pytest.approx(0.75 * float((mu - old_mean[rows]).pow(2).mean().sqrt()), rel=1e-5)
+    z = 0.75 * (mu - old_mean[rows]) / (bn.running_var[rows] + bn.eps).sqrt()
+    assert float(z_mu) == pytest.approx(float(z.pow(2).mean().sqrt()), rel=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(("batch", "momentum"), [(4, 0.1), (64, 0.1), (16, 0.3)])
+def test_bn_sampling_null_is_what_iid_gaussian_batches_give(batch, momentum):
+    """The S4 fluctuation metric's floor: i.i.d. Gaussian inputs (any mean and scale) give z = the formula."""
+    torch.manual_seed(0)
+    bn = BatchNorm(32, momentum=momentum, max_seq_len=8).train()
+    z_mu, z_var = [], []
+    for step in range(400):
+        x = torch.randn(batch, 8, 32) * 2.5 + 3.0
+        bn(x)
+        if step >= 100:  # the running statistics have forgotten their init
+            _, _, zm, zv = bn_stat_distance(bn, x)
+            z_mu.append(float(zm) ** 2)
+            z_var.append(float(zv) ** 2)
+    null_mu, null_var = bn_sampling_null(batch, momentum)
+    assert math.sqrt(sum(z_mu) / len(z_mu)) == pytest.approx(null_mu, rel=0.05)
+    assert math.sqrt(sum(z_var) / len(z_var)) == pytest.approx(null_var, rel=0.10)  # first order: 7% low at B=4
+
+
+PROBE_CASES = [(norm, "peri") for norm in EAGER_NORMS]  # peri: the most sites (registry-driven)
+
+
+PROBE_CASES += [("rmsnorm", placement) for placement in PLACEMENTS if placement != "peri"]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("norm, placement", PROBE_CASES)  # fused_rmsnorm: RMSNorm's module with a kernel
+def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement):
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm=norm,
+                                    placement=placement, mix_fraction=0.5)).train()
+    probe = ActivationProbe(model)
+    probe.attach(attention=True)
+    model(torch.randint(0, 11, (2, 5)))
+    probe.detach()
+    stats = probe.collect()
+    sites = list(probe.sites)
+    per_block = 4 if placement == "peri" else 2  # peri: input and output norm around each sublayer
+    final = placement not in ("post", "deepnorm")  # those blocks end normalized: no final norm
+    assert len(sites) == (0 if norm == "none" else 2 * per_block + final), sites
+    for site in sites:
+        assert f"norm/{site}/in_rms" in stats and f"norm/{site}/in_max_fp16" in stats
+        if getattr(model.get_submodule(site), "weight", None) is not None:
+            assert f"norm/{site}/gain_mean" in stats
+    layer_keys = ("resid_rms", "resid_max", "attn_logit_max")
+    assert all(f"layer/{i}/{k}" in stats for i in range(2) for k in layer_keys)
+    assert all(math.isfinite(v) for v in stats.values())
+    if norm == "dyt":
+        assert stats["norm/norm/alpha"] == pytest.approx(model.norm.alpha0)
