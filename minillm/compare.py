@@ -2,7 +2,7 @@
 
     compare(runs, "norm", "layernorm")   -> the verdicts.json dict (VERDICTS_FIELDS per comparison)
 
-``runs`` are summary.json dicts (or minillm.report.Run objects). The rules, in order:
+``runs`` are summary.json dicts (or minillm.runs.Run objects). The rules, in order:
 
 - **Arms and strata.** The arms are the values of the factor other than the baseline. Every other config key that
   still varies within an arm (STRATUM_KEYS; never seed, lr, or the labels name and tags) splits the runs into
@@ -31,7 +31,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -40,6 +39,7 @@ from typing import Any
 
 from minillm import verdicts as st
 from minillm.outcome import failed_of, loss_for_comparison
+from minillm.runs import group_runs, hashable, label, sort_key
 
 LOSSES = ("final_val_loss", "best_val_loss", "test_loss")  # losses in nats, with ln V as their ceiling
 # config keys that split a comparison into strata when they vary within an arm, in this order (a key that follows
@@ -67,15 +67,6 @@ class CompareError(ValueError):
 # --- values, groups ------------------------------------------------------------------------------------------
 
 
-def label(value: Any) -> str:
-    """A value as the command line and the tables write it (dicts as JSON, floats as %g)."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def matches(value: Any, text: str) -> bool:
     """``text`` (from a command line or a plan) names ``value``: 8 names 8.0, true names True, null names None."""
     if isinstance(value, bool) or value is None:
@@ -86,23 +77,6 @@ def matches(value: Any, text: str) -> bool:
         except ValueError:
             return False
     return label(value) == text or str(value) == text
-
-
-def _hashable(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
-
-
-def _sort_key(value: Any) -> tuple:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value, "")
-    return (1, 0, str(value))
-
-
-def _group(records: Iterable[Mapping], keys: Sequence[str]) -> dict[tuple, list[Mapping]]:
-    groups: dict[tuple, list[Mapping]] = defaultdict(list)
-    for r in records:
-        groups[tuple(_hashable(r.get(k)) for k in keys)].append(r)
-    return dict(sorted(groups.items(), key=lambda kv: [_sort_key(v) for v in kv[0]]))
 
 
 def records_of(runs: Iterable[Any]) -> list[dict]:
@@ -120,8 +94,8 @@ def strata_keys(records: Sequence[Mapping], factor: str) -> list[str]:
     varies once the arm and the keys chosen before it are fixed."""
     chosen: list[str] = []
     for key in STRATUM_KEYS:
-        if key != factor and any(len({_hashable(r.get(key)) for r in members}) > 1
-                                 for members in _group(records, [factor, *chosen]).values()):
+        if key != factor and any(len({hashable(r.get(key)) for r in members}) > 1
+                                 for members in group_runs(records, [factor, *chosen]).values()):
             chosen.append(key)
     return chosen
 
@@ -131,13 +105,13 @@ def _finite(value: Any) -> bool:
 
 
 def factor_values(records: Sequence[Mapping], factor: str) -> list[Any]:
-    return [members[0].get(factor) for members in _group(records, [factor]).values()]
+    return [members[0].get(factor) for members in group_runs(records, [factor]).values()]
 
 
 def varying_keys(records: Sequence[Mapping]) -> list[str]:
     """The config and environment keys that take several values across the runs (the factors one can compare)."""
     keys = [*STRATUM_KEYS, *(k for k, _ in ENVIRONMENT if k != "code"), "git_commit", "minillm_version"]
-    return [k for k in keys if any(k in r for r in records) and len(_group(records, [k])) > 1]
+    return [k for k in keys if any(k in r for r in records) and len(group_runs(records, [k])) > 1]
 
 
 # --- checking a request ----------------------------------------------------------------------------------------
@@ -194,7 +168,7 @@ def tuning_loss(record: Mapping, metric: str) -> float:
 def loss_by_lr(records: Sequence[Mapping], metric: str) -> dict[Any, float]:
     """lr -> mean tuning loss over the runs at that lr, in lr order."""
     return {key[0]: statistics.fmean(tuning_loss(r, metric) for r in rs)
-            for key, rs in _group(records, ["lr"]).items()}
+            for key, rs in group_runs(records, ["lr"]).items()}
 
 
 def choose_lrs(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, metric: str,
@@ -207,8 +181,8 @@ def choose_lrs(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, met
         for v, grid in grids.items():
             best = min(grid, key=grid.get)
             warn = []
-            if len(grid) > 1 and best in (min(grid, key=_sort_key), max(grid, key=_sort_key)):
-                edge = "lowest" if best == min(grid, key=_sort_key) else "highest"
+            if len(grid) > 1 and best in (min(grid, key=sort_key), max(grid, key=sort_key)):
+                edge = "lowest" if best == min(grid, key=sort_key) else "highest"
                 warn.append(f"the best lr of {label(v)}, {label(best)}, is the {edge} of its grid "
                             f"({', '.join(label(x) for x in grid)}): the grid does not bracket its optimum")
             out[v] = (best, grid, warn)
@@ -218,7 +192,7 @@ def choose_lrs(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, met
         if not shared:
             lrs = "; ".join(f"{label(v)}: {', '.join(label(x) for x in g)}" for v, g in grids.items())
             raise CompareError("--lr", f"common: no lr was run by every value{where} ({lrs}); use tuned or a value")
-        pick = min(sorted(shared, key=_sort_key), key=lambda x: statistics.fmean(g[x] for g in grids.values()))
+        pick = min(sorted(shared, key=sort_key), key=lambda x: statistics.fmean(g[x] for g in grids.values()))
     else:
         pick = next((x for x in grids[next(iter(grids))] if _finite(x) and math.isclose(x, rule, rel_tol=1e-9)), None)
         for v, g in grids.items():
@@ -268,7 +242,7 @@ def _by_seed(records: Sequence[Mapping], metric: str) -> tuple[dict[Any, list[fl
         counts[r.get("seed")] += 1
         if _usable(r, metric):
             usable[r.get("seed")].append(float(r[metric]))
-    return usable, set(counts), sorted((s for s, c in counts.items() if c > 1), key=_sort_key)
+    return usable, set(counts), sorted((s for s, c in counts.items() if c > 1), key=sort_key)
 
 
 def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = "final_val_loss",
@@ -289,9 +263,9 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = 
         warnings.append(f"{missing} run(s) that did not fail have no {metric}: left out")
     pairs_left_out = None
     if paired:
-        seeds = sorted((s for s in shared if s in a_seed and s in b_seed), key=_sort_key)
+        seeds = sorted((s for s in shared if s in a_seed and s in b_seed), key=sort_key)
         pairs_left_out = len(shared) - len(seeds)
-        alone = sorted((a_all ^ b_all) - {None}, key=_sort_key)
+        alone = sorted((a_all ^ b_all) - {None}, key=sort_key)
         if alone:
             warnings.append(f"seeds without a partner in the other arm, left out: {', '.join(map(label, alone))}")
         a_vals = [statistics.fmean(a_seed[s]) for s in seeds]
@@ -340,7 +314,7 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = 
         "diverged_baseline": sum(bool(r.get("diverged")) for r in base),
         "fail_arm_ci": st.exact_ci(fail_a, len(arm), alpha), "fail_baseline_ci": st.exact_ci(fail_b, len(base), alpha),
         "pairs_left_out": pairs_left_out, "seeds": seeds,
-        "arm_seeds": sorted(a_all, key=_sort_key), "baseline_seeds": sorted(b_all, key=_sort_key),
+        "arm_seeds": sorted(a_all, key=sort_key), "baseline_seeds": sorted(b_all, key=sort_key),
     }
 
 
@@ -359,12 +333,12 @@ def compare(runs: Iterable[Any], factor: str, baseline: str, *, metric: str = "f
     base_value = check_request(records, factor, baseline, metric, margin, alpha, lr, paired_by, interval)
     keys = strata_keys(records, factor)
     comparisons, notes = [], []
-    for members in _group(records, keys).values():
+    for members in group_runs(records, keys).values():
         stratum = {k: members[0].get(k) for k in keys}
         where = f" in stratum {', '.join(f'{k}={label(v)}' for k, v in stratum.items())}" if stratum else ""
-        by_value = {key[0]: rs for key, rs in _group(members, [factor]).items()}  # hashable value -> runs
+        by_value = {key[0]: rs for key, rs in group_runs(members, [factor]).items()}  # hashable value -> runs
         value_of = {key: rs[0].get(factor) for key, rs in by_value.items()}
-        base = _hashable(base_value)
+        base = hashable(base_value)
         if base not in by_value or len(by_value) < 2:
             notes.append(f"nothing compared{where}: {'no baseline run' if base not in by_value else 'no other arm'}")
             continue

@@ -18,19 +18,18 @@ sensitivity = mean over the LR grid of [loss(lr) - min over the grid of loss(lr)
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
+from minillm.runs import Run, group_runs, load_runs
 
 GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)
@@ -39,46 +38,6 @@ EXTRA_KEYS = ("warmup_steps", "precision", "n_layers", "dim", "n_heads", "n_kv_h
               "name")
 PLOTS = ("loss_by_norm.png", "loss_by_placement.png", "grad_norm.png", "residual_growth.png",
          "lr_sensitivity.png")
-
-
-@dataclass
-class Run:
-    """One run folder: its summary and (read on demand) its logged curves."""
-
-    dir: Path
-    summary: dict[str, Any]
-    _curves: dict[str, list[tuple[int, float]]] | None = field(default=None, repr=False)
-
-    @property
-    def curves(self) -> dict[str, list[tuple[int, float]]]:
-        if self._curves is None:
-            self._curves = read_curves(self.dir / "csv" / "metrics.csv")
-        return self._curves
-
-    def get(self, key: str) -> Any:
-        return self.summary.get(key)
-
-
-def find_runs(sweep_dir: str | Path) -> list[Run]:
-    """Every folder under sweep_dir (itself included) holding a summary.json, in path order."""
-    paths = sorted(Path(sweep_dir).rglob("summary.json"))
-    return [Run(p.parent, json.loads(p.read_text())) for p in paths]
-
-
-def read_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """metric -> [(step, value)] from a Lightning CSVLogger file (sparse rows; 'nan' kept as NaN)."""
-    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    if not path.exists():
-        return curves
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            step = row.get("step")
-            if not step:
-                continue
-            for key, value in row.items():
-                if key not in ("step", "epoch") and value not in (None, ""):
-                    curves[key].append((int(float(step)), float(value)))
-    return curves
 
 
 def _finite(values: Iterable[Any]) -> list[float]:
@@ -94,24 +53,6 @@ def varying_keys(runs: Sequence[Run]) -> list[str]:
     norm_options, which follows the norm, does not count unless an option varies for the same norm)."""
     groups = group_runs(runs, GROUP_KEYS).values()
     return [k for k in EXTRA_KEYS if any(len({_key(r.get(k)) for r in members}) > 1 for members in groups)]
-
-
-def _hashable(value: Any) -> Any:
-    """Dict and list values (e.g. norm_options) as their JSON text, so they can form a group key."""
-    return _key(value) if isinstance(value, (dict, list)) else value
-
-
-def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[tuple, list[Run]]:
-    groups: dict[tuple, list[Run]] = defaultdict(list)
-    for r in runs:
-        groups[tuple(_hashable(r.get(k)) for k in keys)].append(r)
-    return dict(sorted(groups.items(), key=lambda kv: [_sort_key(v) for v in kv[0]]))
-
-
-def _sort_key(value: Any) -> tuple:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value, "")
-    return (1, 0, str(value))
 
 
 def clipped_loss(run: Run, loss_init: float | None) -> float:
@@ -332,15 +273,6 @@ def plot_all(runs: Sequence[Run], data: dict[str, Any], out: Path) -> list[Path]
     _residual_plot(runs, [*GROUP_KEYS, *extra], out / PLOTS[3])
     _sensitivity_plot(data, out / PLOTS[4])
     return [out / p for p in PLOTS]
-
-
-def load_runs(sweep_dirs: str | Path | Sequence[str | Path]) -> list[Run]:
-    """Every run under the sweep folders (preempted ones included); FileNotFoundError when there is none."""
-    dirs = [sweep_dirs] if isinstance(sweep_dirs, (str, Path)) else list(sweep_dirs)
-    found = [run for d in dirs for run in find_runs(d)]
-    if not found:
-        raise FileNotFoundError(f"no summary.json under {', '.join(map(str, dirs))}")
-    return found
 
 
 def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path | None = None,

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from helpers import ROOT, compose_cfg, write_corpus
 
-from minillm.report import PLOTS, find_runs, lr_sensitivity, summarize, write_report
+from minillm.report import PLOTS, lr_sensitivity, summarize, write_report
+from minillm.runs import find_runs
 
 V = 65
 LOSS_INIT = math.log(V)

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from minillm.compare import CompareError, compare, strata_keys, tuning_loss
-from minillm.report import find_runs
+from minillm.runs import find_runs
 from minillm.verdicts import bootstrap, exact_ci, fisher_p, holm, paired_t, seeds_needed, sign_test, verdict, welch_t
 
 LOSS_INIT, UNIGRAM = math.log(65), 3.0
