@@ -116,8 +116,10 @@ _FIELD_DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING els
 
 def _canonical(model: dict) -> dict:
     """The norms by canonical name (fused_rmsnorm is rmsnorm: minillm.norms.canonical_norm); norm_options.sync
-    (pool BatchNorm statistics over DDP processes) changes neither the weights nor one process's function."""
+    (pool BatchNorm statistics over DDP processes) and norm_impl (how the same function is computed) change
+    neither the weights nor the function."""
     out = canonical_norms({**_FIELD_DEFAULTS, **model})  # a field added since: its default
+    out.pop("norm_impl", None)
     if isinstance(out.get("norm_options"), dict):
         out["norm_options"] = {k: v for k, v in out["norm_options"].items() if k != "sync"}
     return out

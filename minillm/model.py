@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.generation import KVCache, generate
-from minillm.norms import NORMS, build_norm, norm_options
+from minillm.norms import IMPLS, NORMS, build_norm, norm_options
 
 BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
 PLACEMENTS = (*BLOCK_PLACEMENTS, "mix")  # mix: post in the first layers, pre after
@@ -34,6 +34,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
+    norm_impl: str = "auto"  # how the norms are computed: auto | reference | torch | compiled | triton (norms/impl.py)
     placement: str = "pre"
     mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
     layernorm_scaling: bool = False  # LayerNorm Scaling (Sun et al. 2025): input norm of layer l times 1/sqrt(l)
@@ -63,6 +64,7 @@ class ModelConfig:
         for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling"):
             check_bool(f"model.{name}", getattr(self, name))
         check_choice("model.norm", self.norm, sorted(NORMS))
+        check_choice("model.norm_impl", self.norm_impl, IMPLS)
         check_choice("model.placement", self.placement, PLACEMENTS)
         check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
         check_choice("model.init", self.init, INITS)
@@ -127,7 +129,7 @@ def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict
     if getattr(NORMS[name], "uses_positions", False):
         options.setdefault("max_seq_len", cfg.max_seq_len)
     try:
-        return build_norm(name, dim or cfg.dim, cfg.norm_eps, **options)
+        return build_norm(name, dim or cfg.dim, cfg.norm_eps, impl=cfg.norm_impl, **options)
     except ConfigError as err:
         raise ConfigError(f"{field_name} ({name}): {err}") from None
 

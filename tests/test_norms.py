@@ -12,11 +12,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import EAGER_NORMS, randn, randomize
+from helpers import EAGER_NORMS, randn, randomize, tiny, tokens
 from helpers import norm_kwargs as kw
 from torch import nn
 
+from minillm.model import Transformer
 from minillm.norms import NORMS, BatchNorm, DyT, LayerNorm, PowerNorm, RMSNorm, ScaleNorm, build_norm, norm_options
+from minillm.norms.base import Implemented
 
 SHAPES = [(2, 5, 8), (3, 7, 33), (1, 1, 16)]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -579,3 +581,76 @@ def test_powernorm_skips_a_non_finite_backward_term_and_keeps_its_state_in_the_s
     x2 = randn(5, 3, 4, seed=7)
     torch.testing.assert_close(fresh.eval()(x2), pn.eval()(x2))
 
+
+
+# --- implementations (minillm/norms/impl.py) -----------------------------------------------------------------
+
+IMPLEMENTED = [name for name in EAGER_NORMS if issubclass(NORMS[name], Implemented)]
+
+
+def _run_impl(name: str, impl: str, x: torch.Tensor, **options) -> tuple[list[torch.Tensor], torch.nn.Module]:
+    """Output, input gradient and parameter gradients of the norm under an implementation."""
+    norm = randomize(build_norm(name, x.shape[-1], impl=impl, **kw(name), **options))
+    xi = x.clone().requires_grad_(True)
+    y = norm(xi)
+    grads = torch.autograd.grad((y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(),
+                                [xi, *norm.parameters()])
+    return [y, *grads], norm
+
+
+@pytest.mark.parametrize("name", IMPLEMENTED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_implementation_matches_the_reference(name, dtype):
+    x = randn(3, 7, 24, scale=2.0, dtype=dtype)
+    ref, _ = _run_impl(name, "reference", x)
+    got, norm = _run_impl(name, "torch", x)
+    assert norm.impl_used == ("torch" if name in ("layernorm", "rmsnorm") else "reference")  # fused where torch has one
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+def test_compiled_implementation_matches_the_reference():
+    """One compiled graph per norm function, shared by its modules; outputs and gradients as the reference."""
+    x = randn(2, 5, 16, scale=2.0)
+    for name in IMPLEMENTED:
+        ref, _ = _run_impl(name, "reference", x)
+        got, norm = _run_impl(name, "compiled", x)
+        assert norm.impl_used == "compiled"
+        for a, b in zip(got, ref, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, options", [("layernorm", {"eps_mode": "outside"}), ("rmsnorm", {"eps_mode": "outside"}),
+                                           ("rmsnorm", {"zero_centered": True, "cast": "fp32"})])
+def test_an_implementation_honours_the_options_or_the_reference_runs(name, options):
+    x = randn(2, 5, 16, scale=2.0)
+    ref, _ = _run_impl(name, "reference", x, **options)
+    got, norm = _run_impl(name, "torch", x, **options)
+    assert norm.impl_used == ("reference" if options.get("eps_mode") == "outside" else "torch")
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_takes_torchs_fused_layernorm_on_the_cpu_and_every_impl_has_the_same_state_dict(monkeypatch):
+    x = randn(2, 5, 16)
+    auto = build_norm("layernorm", 16, impl="auto")
+    auto(x)
+    assert auto.impl_used == "torch"
+    rms = build_norm("rmsnorm", 16, impl="auto")
+    rms(x)
+    assert rms.impl_used == "reference"  # torch has no fused CPU RMSNorm; compiled is asked for, not auto
+    states = [build_norm("rmsnorm", 16, impl=i).state_dict() for i in ("reference", "torch", "compiled", "auto")]
+    assert all(s.keys() == states[0].keys() for s in states)
+    with pytest.raises(ValueError, match=r"model.norm_impl='fast' is invalid; allowed: auto, reference, torch"):
+        build_norm("rmsnorm", 16, impl="fast")
+
+
+def test_the_model_records_each_norms_implementation():
+    from minillm.norms import impls_used
+
+    model = Transformer(tiny(norm="layernorm", qk_norm="rmsnorm", norm_impl="torch"))
+    assert impls_used(model) == {}  # nothing ran yet
+    model(tokens())
+    assert impls_used(model) == {"layernorm": "torch", "rmsnorm": "torch"}

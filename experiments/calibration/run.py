@@ -27,7 +27,7 @@ import torch
 
 from experiments.common.reference import compose, train
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
-from minillm.report import read_curves
+from minillm.runs import read_curves
 
 OUT = Path(__file__).parent
 ROOT = OUT.parents[1]

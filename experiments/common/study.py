@@ -23,7 +23,7 @@ from typing import Any
 
 from minillm import verdict_report
 from minillm import verdicts as st
-from minillm.report import find_runs
+from minillm.runs import find_runs
 
 
 class Runs(list):

@@ -20,6 +20,7 @@ from torch.multiprocessing import ProcessExitedException
 from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.run_totals import TOTALS, RunTotals
 from minillm.metrics import TEST_LOSS, VAL_LOSS, tokens_seen
+from minillm.norms import impls_used
 from minillm.outcome import is_diverged, is_failed, is_not_trained
 from minillm.version import provenance
 
@@ -30,7 +31,8 @@ class RunSummary(L.Callback):
     One flat JSON object (non-finite numbers written as null):
       config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
-               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, loss_init = ln V,
+               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, norm_impl (each norm's
+               implementation as it ran: {norm: reference | torch | compiled | triton}), loss_init = ln V,
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
                from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
       results  status (completed | diverged | not_trained | failed | preempted: stopped by a signal, to be
@@ -187,6 +189,7 @@ class RunSummary(L.Callback):
             "grad_clip": trainer.gradient_clip_val, "max_steps": trainer.max_steps,
             "batch_size": self.batch_shape[0] if self.batch_shape else None,
             "seq_len": self.batch_shape[1] if self.batch_shape and len(self.batch_shape) > 1 else None,
+            "norm_impl": impls_used(model) or None,
             "n_params": model.num_params() if hasattr(model, "num_params") else
             sum(p.numel() for p in model.parameters()),
             "loss_init": loss_init,

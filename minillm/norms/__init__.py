@@ -20,8 +20,9 @@ from typing import Any
 from torch import nn
 
 from minillm.errors import ConfigError, check_choice, check_number
-from minillm.norms.base import EPS_MODES
+from minillm.norms.base import EPS_MODES, Implemented
 from minillm.norms.batch import BatchNorm, PowerNorm
+from minillm.norms.impl import IMPLS
 from minillm.norms.token import DyT, FusedRMSNorm, LayerNorm, NoNorm, RMSNorm, ScaleNorm
 
 NORMS: dict[str, type[nn.Module]] = {
@@ -67,16 +68,37 @@ def batch_statistics(name: str, options: dict) -> bool:
     return options.get("stats", default) == "position"
 
 
-def build_norm(name: str, dim: int, eps: float = 1e-5, **options) -> nn.Module:
-    """Build the norm called ``name`` over the last dimension of size ``dim``."""
+def build_norm(name: str, dim: int, eps: float = 1e-5, impl: str = "reference", **options) -> nn.Module:
+    """Build the norm called ``name`` over the last dimension of size ``dim``, computed by ``impl`` (IMPLS;
+    a norm with one implementation, or options another cannot honour, runs its reference)."""
     check_choice("norm", name, sorted(NORMS))
     unknown = sorted(set(options) - set(norm_options(name)))
     if unknown:
         raise ConfigError(f"norm {name!r} does not take option(s) {unknown}; "
                          f"it takes: {', '.join(norm_options(name)) or 'none'}")
     check_number("eps", eps, low=0.0)
-    return NORMS[name](dim, eps, **options)
+    check_choice("model.norm_impl", impl, IMPLS)
+    module = NORMS[name](dim, eps, **options)
+    if isinstance(module, Implemented):
+        module.set_impl(impl)
+    return module
 
 
-__all__ = ["EPS_MODES", "NORMS", "BatchNorm", "DyT", "FusedRMSNorm", "LayerNorm", "NoNorm", "PowerNorm", "RMSNorm",
-           "ScaleNorm", "batch_statistics", "build_norm", "canonical_norm", "canonical_norms", "norm_options"]
+def impls_used(model: nn.Module) -> dict[str, str]:
+    """norm name -> the implementation(s) its modules ran (``reference`` for a norm with no other), for the
+    norms that have run a forward: what summary.json records as ``norm_impl``."""
+    names = {cls: name for name, cls in NORMS.items()}
+    used: dict[str, set[str]] = {}
+    for module in model.modules():
+        name = names.get(type(module))
+        if name is None:
+            continue
+        ran = module.impl_used if isinstance(module, Implemented) else "reference"
+        if ran:
+            used.setdefault(name, set()).update(ran.split(","))
+    return {name: ",".join(sorted(impls)) for name, impls in sorted(used.items())}
+
+
+__all__ = ["EPS_MODES", "IMPLS", "NORMS", "BatchNorm", "DyT", "FusedRMSNorm", "LayerNorm", "NoNorm", "PowerNorm",
+           "RMSNorm", "ScaleNorm", "batch_statistics", "build_norm", "canonical_norm", "canonical_norms", "impls_used",
+           "norm_options"]

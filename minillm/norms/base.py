@@ -2,19 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 from minillm.errors import check_choice, check_int
+from minillm.norms.impl import IMPLS, affine32, resolve
 
 EPS_MODES = ("inside", "outside")
 
 
-def _inv_scale(second_moment: Tensor, eps: float, eps_mode: str) -> Tensor:
-    """1 / sqrt(m + eps) or 1 / (sqrt(m) + eps), from a fp32 variance or mean square."""
-    if eps_mode == "inside":
-        return torch.rsqrt(second_moment + eps)
-    return 1.0 / (second_moment.sqrt() + eps)
+class Implemented:
+    """A norm with several implementations of one function (minillm/norms/impl.py): ``impl`` is the one asked
+    (build_norm sets it from model.norm_impl), resolved at the first forward on each device type; ``impl_used``
+    says which ran. Subclasses give ``implementations()``: impl -> function of x (None where the module's
+    options rule that implementation out)."""
+
+    impl = "reference"
+
+    def set_impl(self, impl: str) -> None:
+        check_choice("model.norm_impl", impl, IMPLS)
+        self.impl, self._chosen = impl, {}
+
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        raise NotImplementedError
+
+    def reference(self, x: Tensor) -> Tensor:
+        """The composite of the norm's formula (the definition every other implementation matches)."""
+        raise NotImplementedError
+
+    @property
+    def impl_used(self) -> str | None:
+        chosen = getattr(self, "_chosen", None) or {}
+        return ",".join(sorted({name for name, _ in chosen.values()})) or None
+
+    def run(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # inside a compiled model: the composite, which the compiler fuses
+            return self.reference(x)
+        chosen = self.__dict__.setdefault("_chosen", {})
+        found = chosen.get(x.device.type)
+        if found is None:
+            available = self.implementations()
+            name = resolve(self.impl, type(self).__name__.lower(), x.device, available)
+            found = chosen[x.device.type] = (name, available[name])
+        return found[1](x)
 
 
 class _AffineNorm(nn.Module):
@@ -43,12 +75,7 @@ class _AffineNorm(nn.Module):
 
     def _affine32(self, x_hat: Tensor) -> Tensor:
         """Apply gain and bias in fp32."""
-        g = self.gain()
-        if g is not None:
-            x_hat = x_hat * g.float()
-        if self.bias is not None:
-            x_hat = x_hat + self.bias.float()
-        return x_hat
+        return affine32(x_hat, self.gain(), self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, eps_mode={self.eps_mode}, zero_centered={self.zero_centered}"

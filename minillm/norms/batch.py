@@ -9,7 +9,8 @@ from torch import Tensor
 
 from minillm.distributed import batch_mean, global_mean_var, is_synced
 from minillm.errors import ConfigError, check_choice, check_int, check_number, invalid
-from minillm.norms.base import _AffineNorm, _inv_scale
+from minillm.norms.base import _AffineNorm
+from minillm.norms.impl import inv_scale
 
 
 class BatchNorm(_AffineNorm):
@@ -83,7 +84,7 @@ class BatchNorm(_AffineNorm):
         else:
             mu, var = (self.running_mean[:T], self.running_var[:T]) if self.stats == "position" else (
                 self.running_mean, self.running_var)
-        x_hat = (x32 - mu) * _inv_scale(var, self.eps, self.eps_mode)
+        x_hat = (x32 - mu) * inv_scale(var, self.eps, self.eps_mode)
         return self._affine32(x_hat).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -213,15 +214,15 @@ class PowerNorm(_AffineNorm):
         rows = slice(0, T) if self.stats == "position" else slice(None)
         psi2 = self.running_psi2[rows]  # (T, C) or (C,)
         if not self.training:
-            return self._affine32(x32 * _inv_scale(psi2, self.eps, self.eps_mode)).to(x.dtype)
+            return self._affine32(x32 * inv_scale(psi2, self.eps, self.eps_mode)).to(x.dtype)
         batch_psi2 = batch_mean(x32.pow(2), dims, self.sync)  # (T, C) or (C,); all processes if sync
         k = int(self.num_batches_tracked) if self.warmup_steps else 0  # no device sync when warmup is off
         if k < self.warmup_steps:  # PN-V: the batch's quadratic mean, exact gradient
-            x_hat = x32 * _inv_scale(batch_psi2, self.eps, self.eps_mode)
+            x_hat = x32 * inv_scale(batch_psi2, self.eps, self.eps_mode)
             with torch.no_grad():  # cumulative average of the warmup batches
                 psi2.copy_(batch_psi2.detach() if k == 0 else psi2 + (batch_psi2.detach() - psi2) / (k + 1))
         else:
-            inv_psi = _inv_scale(psi2, self.eps, self.eps_mode)  # a new tensor: psi_{t-1}, before the update
+            inv_psi = inv_scale(psi2, self.eps, self.eps_mode)  # a new tensor: psi_{t-1}, before the update
             x_hat = _PowerNormApproxGrad.apply(x32, inv_psi, self.running_nu[rows], self.alpha_bwd, dims,
                                                is_synced(self.sync))
             with torch.no_grad():

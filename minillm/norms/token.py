@@ -4,34 +4,45 @@ no norm."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from minillm.errors import ConfigError, check_choice, check_int, check_number
-from minillm.norms.base import _AffineNorm, _inv_scale
+from minillm.norms import impl
+from minillm.norms.base import Implemented, _AffineNorm
 
 
-class LayerNorm(_AffineNorm):
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last dim, with the biased variance (divide by C)."""
+class LayerNorm(Implemented, _AffineNorm):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last dim, with the biased variance (divide by C).
+    Implementations: reference, compiled, torch (F.layer_norm; eps inside the square root only)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, eps_mode: str = "inside", affine: bool = True,
                  bias: bool = True, zero_centered: bool = False):
         super().__init__(dim, eps, eps_mode, affine, bias, zero_centered)
 
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        def with_args(fn: Callable) -> Callable[[Tensor], Tensor]:
+            return lambda x: fn(x, self.gain(), self.bias, self.eps, self.eps_mode)
+
+        return {"reference": self.reference, "compiled": with_args(impl.compiled(impl.layer_norm)),
+                "torch": with_args(impl.layer_norm_torch) if self.eps_mode == "inside" else None}
+
+    def reference(self, x: Tensor) -> Tensor:
+        return impl.layer_norm(x, self.gain(), self.bias, self.eps, self.eps_mode)
+
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        mu = x32.mean(-1, keepdim=True)  # (B, T, 1)
-        xc = x32 - mu
-        var = (xc * xc).mean(-1, keepdim=True)  # biased: / C, not / (C - 1)
-        return self._affine32(xc * _inv_scale(var, self.eps, self.eps_mode)).to(x.dtype)
+        return self.run(x)
 
 
-class RMSNorm(_AffineNorm):
+class RMSNorm(Implemented, _AffineNorm):
     """LLaMA's RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. No centering, no bias, C parameters.
 
     cast="llama": normalize in fp32, cast to the input dtype, then multiply by the gain (LLaMA's order);
     cast="fp32": multiply by the gain in fp32 and cast once at the end.
+    Implementations: reference, compiled, torch (F.rms_norm), triton (the fused kernel, CUDA or the Triton
+    interpreter); torch and triton need eps inside the square root, triton a gain.
     """
 
     CASTS = ("llama", "fp32")
@@ -42,15 +53,30 @@ class RMSNorm(_AffineNorm):
         self.cast = cast
         super().__init__(dim, eps, eps_mode, affine, False, zero_centered)
 
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        def with_args(fn: Callable) -> Callable[[Tensor], Tensor]:
+            return lambda x: fn(x, self.gain(), self.eps, self.eps_mode, self.cast)
+
+        return {"reference": self.reference, "compiled": with_args(impl.compiled(impl.rms_norm)),
+                "torch": with_args(impl.rms_norm_torch) if self.eps_mode == "inside" else None,
+                "triton": self._triton() if self.eps_mode == "inside" and self.weight is not None else None}
+
+    def reference(self, x: Tensor) -> Tensor:
+        return impl.rms_norm(x, self.gain(), self.eps, self.eps_mode, self.cast)
+
+    def _triton(self) -> Callable[[Tensor], Tensor] | None:
+        """The fused kernel, where it can run (else None: auto and an explicit triton take another)."""
+        from minillm.kernels import rmsnorm as kernel
+
+        try:
+            kernel.require_fused()
+        except RuntimeError:
+            return None
+        offset = 1.0 if self.zero_centered else 0.0
+        return lambda x: kernel.fused_rms_norm(x, self.weight, self.eps, offset=offset, cast=self.cast)
+
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        x_hat = x32 * _inv_scale(x32.pow(2).mean(-1, keepdim=True), self.eps, self.eps_mode)
-        g = self.gain()
-        if g is None:
-            return x_hat.to(x.dtype)
-        if self.cast == "llama":
-            return x_hat.to(x.dtype) * g.to(x.dtype)
-        return (x_hat * g.float()).to(x.dtype)
+        return self.run(x)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", cast={self.cast}"
@@ -73,14 +99,14 @@ class FusedRMSNorm(RMSNorm):
             raise ConfigError("fused_rmsnorm supports eps_mode='inside' with affine=True only; "
                              "use norm=rmsnorm for other options")
         kernel.require_fused()
-        self._fused = kernel.fused_rms_norm
         super().__init__(dim, eps, eps_mode, affine, zero_centered, cast)
+        self.impl = "triton"
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self._fused(x, self.weight, self.eps, offset=1.0 if self.zero_centered else 0.0, cast=self.cast)
+    def set_impl(self, impl: str) -> None:
+        super().set_impl("triton")  # this norm is the kernel, whatever model.norm_impl says
 
 
-class DyT(nn.Module):
+class DyT(Implemented, nn.Module):
     """Dynamic Tanh (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025).
 
     y = weight * tanh(alpha * x) + bias, elementwise: no statistics at all. ``alpha`` is one learnable
@@ -112,19 +138,23 @@ class DyT(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        def with_args(fn: Callable) -> Callable[[Tensor], Tensor]:
+            return lambda x: fn(x, self.alpha, self.weight, self.bias)
+
+        return {"reference": self.reference, "compiled": with_args(impl.compiled(impl.dyt))}
+
+    def reference(self, x: Tensor) -> Tensor:
+        return impl.dyt(x, self.alpha, self.weight, self.bias)
+
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.tanh(self.alpha.float() * x.float())  # (B, T, C)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        if self.bias is not None:
-            y = y + self.bias.float()
-        return y.to(x.dtype)
+        return self.run(x)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha0={self.alpha0}"
 
 
-class ScaleNorm(nn.Module):
+class ScaleNorm(Implemented, nn.Module):
     """ScaleNorm (Nguyen & Salazar, "Transformers without Tears", IWSLT 2019).
 
     y = g * x / max(||x||_2, eps) over the last dim, with ONE learnable scalar g (``weight``, shape (1,))
@@ -141,10 +171,17 @@ class ScaleNorm(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.constant_(self.weight, math.sqrt(self.dim))
 
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        def with_args(fn: Callable) -> Callable[[Tensor], Tensor]:
+            return lambda x: fn(x, self.weight, self.eps)
+
+        return {"reference": self.reference, "compiled": with_args(impl.compiled(impl.scale_norm))}
+
+    def reference(self, x: Tensor) -> Tensor:
+        return impl.scale_norm(x, self.weight, self.eps)
+
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()  # (B, T, C)
-        norm = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).clamp_min(self.eps)  # (B, T, 1)
-        return (x32 * (self.weight.float() / norm)).to(x.dtype)
+        return self.run(x)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

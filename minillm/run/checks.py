@@ -116,16 +116,19 @@ def check_vocab_size(cfg: DictConfig, vocab_size: int) -> None:
 
 
 def check_fused_norm(c: dict) -> None:
-    """norm=fused_rmsnorm where its kernel cannot run is a config error, not a traceback from inside a layer."""
+    """norm=fused_rmsnorm or model.norm_impl=triton where the kernel cannot run is a config error, not a
+    traceback from inside a layer (norm_impl=auto takes another implementation instead)."""
     model = c.get("model") or {}
     names = {model.get("norm"), model.get("qk_norm"), *((s or {}).get("norm") for s in model.get("layers") or [])}
-    if "fused_rmsnorm" in names:
+    asked = "norm=fused_rmsnorm" if "fused_rmsnorm" in names else (
+        "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None)
+    if asked:
         from minillm.kernels.rmsnorm import require_fused
 
         try:
             require_fused()
         except RuntimeError as err:
-            raise ConfigError(f"norm=fused_rmsnorm: {err}") from None
+            raise ConfigError(f"{asked}: {err}") from None
 
 
 def check_model_early(cfg: DictConfig) -> None:
