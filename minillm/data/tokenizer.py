@@ -31,6 +31,8 @@ EOS = "<|endoftext|>"  # bpe: the end-of-document token (id 0)
 EOS_NAMES = (EOS, "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>")
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback
 
+ENCODE_CHARS = 1 << 20  # characters of text a tokenizer.json encodes at once (HFTokenizer.encode_documents)
+
 
 def _as_numpy(ids: Any) -> np.ndarray:
     if isinstance(ids, torch.Tensor):
@@ -205,15 +207,25 @@ class HFTokenizer:
         return np.array(self._data.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def encode_documents(self, texts: Sequence[str], ends: Sequence[bool], separate: bool = True) -> np.ndarray:
-        """(n,) ids of the texts back to back (``encode_batch``: Rust threads), the separator after each ended one."""
-        sep = self.separator.tolist() if separate else []
-        encs = self._data.encode_batch_fast(list(texts), add_special_tokens=False)
-        flat: list[int] = []
-        for enc, end in zip(encs, ends, strict=True):
-            flat += enc.ids
-            if end:
-                flat += sep
-        return np.array(flat, dtype=np.int64)
+        """(n,) ids of the texts back to back, the separator after each ended one. Encoded by ``encode_batch_fast``
+        (Rust threads) in groups of about ENCODE_CHARS characters, each group's ids kept as a uint32 array at
+        once: an Encoding holds every token's string and masks besides its id (~100 bytes a token), so a whole
+        batch of text pieces encoded at once held several times the text in memory."""
+        sep = self.separator.astype(np.uint32) if separate else np.zeros(0, np.uint32)
+        out: list[np.ndarray] = []
+        group: list[str] = []
+        size = 0
+        for i, text in enumerate(texts):
+            group.append(text)
+            size += len(text)
+            if size >= ENCODE_CHARS or i == len(texts) - 1:
+                for enc, end in zip(self._data.encode_batch_fast(group, add_special_tokens=False),
+                                    ends[i + 1 - len(group): i + 1], strict=True):
+                    out.append(np.asarray(enc.ids, dtype=np.uint32))
+                    if end:
+                        out.append(sep)
+                group, size = [], 0
+        return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
     def decode(self, ids: Any) -> str:
         return self.hf.decode(_as_numpy(ids).tolist(), skip_special_tokens=False)
