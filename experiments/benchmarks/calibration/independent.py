@@ -12,9 +12,10 @@ a seed of one arm is not paired with the same seed of the other), and, beside th
 anything, Welch's 95% interval of the difference with the engine's word for it at the margin TARGET
 (minillm.verdicts.welch_t, verdict).
 
-    .venv/bin/python -m experiments.calibration.independent             # ~25 min on 2 cores
-    .venv/bin/python -m experiments.calibration.independent --report    # tables from the committed JSON
-    .venv/bin/python -m experiments.calibration.independent --rejudge   # judge the committed runs again (no training)
+    .venv/bin/python -m experiments.benchmarks.calibration.independent             # ~25 min on 2 cores
+    .venv/bin/python -m experiments.benchmarks.calibration.independent --report    # tables from the committed JSON
+    # judge the committed runs again (no training)
+    .venv/bin/python -m experiments.benchmarks.calibration.independent --rejudge
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common.layout import ROOT
 from experiments.common.machine import machine
 from minillm import verdicts as st
 
 OUT = Path(__file__).parent
-ROOT = OUT.parents[1]
 RESULTS = OUT / "independent.json"
 TARGET = 0.03  # nats, fixed before the runs
 SEEDS = (1337, 1338, 1339)

@@ -8,10 +8,10 @@ schedule, clipping and evaluation. What it shares with `train.py`'s defaults is 
 optimizer's numbers and the budget, written out below as command-line defaults.
 
 The number it reports is the loss on the whole val split in consecutive windows of `--seq` characters, each
-character a target once: the quantity train.py calls test/loss. experiments/calibration/independent.py runs
+character a target once: the quantity train.py calls test/loss. experiments/benchmarks/calibration/independent.py runs
 it beside train.py; alone:
 
-    python -m experiments.calibration.nanogpt_loop --text input.txt --out result.json
+    python -m experiments.benchmarks.calibration.nanogpt_loop --text input.txt --out result.json
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Calibration: `python train.py` (Lightning + Hydra) vs the reference loop (experiments.common.reference: a plain
 PyTorch loop over the same composed configs/), same settings.
 
-Both: Pre-LN LayerNorm (norm=layernorm; EXPERIMENTS.md's baseline), the default model, data windows, seed
+Both: Pre-LN LayerNorm (norm=layernorm: the baseline the studies compare against), the default model, data windows, seed
 1337, AdamW groups, warmup + cosine schedule and clipping, shortened to MAX_STEPS steps (CPU time), val at
 MAX_STEPS/2 and MAX_STEPS on the same 256 val windows. train.py runs with its default callbacks and
 `logger=csv`, test=false. Runs in the order A-B-B-A (train.py, plain, plain, train.py) on a shared CPU;
 tokens/s is the mean per arm (train time without validation).
 
-    .venv/bin/python -m experiments.calibration.run             # ~5-7 min on 2 shared CPU cores
-    .venv/bin/python -m experiments.calibration.run --check 20  # seconds: the reference loop's first 20 train
-                                                                # losses against the committed ones
+    .venv/bin/python -m experiments.benchmarks.calibration.run             # ~5-7 min on 2 shared CPU cores
+    .venv/bin/python -m experiments.benchmarks.calibration.run --check 20  # seconds: the reference loop's
+                                                                           # first 20 losses against the committed
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.layout import ROOT
 from experiments.common.reference import compose, train
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
 from minillm.report import read_curves
 
 OUT = Path(__file__).parent
-ROOT = OUT.parents[1]
 
 MAX_STEPS = 300
 TARGET = 0.03  # nats: |val loss difference| must stay below this (fixed before the runs)

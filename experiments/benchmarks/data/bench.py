@@ -2,8 +2,8 @@
 the char, byte and bpe tokenizers, side by side with a bare `tokenizers` encode_batch loop and a nanoGPT-style
 prepare over the same files.
 
-    .venv/bin/python -m experiments.data_bench.bench                           # ~1 GB: results.json/.md here
-    .venv/bin/python -m experiments.data_bench.bench --size 50 --out /tmp/b    # a quick run (50 MB)
+    .venv/bin/python -m experiments.benchmarks.data.bench                           # ~1 GB: results.json/.md here
+    .venv/bin/python -m experiments.benchmarks.data.bench --size 50 --out /tmp/b    # a quick run (50 MB)
 
 The corpus (jsonl shards of documents: ASCII words with some Greek, Cyrillic, CJK and emoji) is generated into a
 temp folder and deleted at the end. Each variant runs in its own subprocess (``--variant``), which reports its
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common.layout import ROOT
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 VOCAB_SIZE = 8192  # bpe
 BPE_TRAIN_BYTES = 100_000_000
 SHARD_MB = 64
@@ -295,7 +296,7 @@ VARIANTS = {"prepare": run_prepare, "hit": run_hit, "bare": run_bare, "nanogpt":
 
 def variant(name: str, corpus: dict, cache: Path, procs: int, tokenizer: str = "", tokenizer_json: str = "") -> dict:
     """Run one variant in a fresh interpreter; its JSON result."""
-    cmd = [sys.executable, "-m", "experiments.data_bench.bench", "--variant", name,
+    cmd = [sys.executable, "-m", "experiments.benchmarks.data.bench", "--variant", name,
            "--files-json", json.dumps(corpus["files"]), "--cache", str(cache), "--procs", str(procs),
            "--tokenizer", tokenizer, "--tokenizer-json", tokenizer_json]
     print(f"-- {name} {tokenizer} procs={procs}", flush=True)

@@ -1,14 +1,14 @@
-"""Merge what the four GPU steps of plan.sh brought back into experiments/gpu/results/<device>.{json,md,png}.
+"""Merge what the four steps of plan.sh brought back into experiments/benchmarks/gpu/results/<device>.{json,md,png}.
 
-    python -m experiments.gpu.merge DIR [DIR ...]          # the folders the device tool copied back (files_at)
-    python -m experiments.gpu.merge /tmp/minillm-gpu/* --results /tmp/minillm-gpu-results   # the dry run's
+    python -m experiments.benchmarks.gpu.merge DIR [DIR ...]  # the $OUT folder(s) brought back from the GPU machine
+    python -m experiments.benchmarks.gpu.merge /tmp/minillm-gpu/* --results /tmp/minillm-gpu-results  # the dry run's
 
-Reads, in any of the folders: the kernel benchmark reports (<device>.json with a "meta" section; merged by key
-with experiments/kernel_bench/report.py, so the tests step's --tune rows, the kernels step and the train step
-make one report), throughput-*.json (experiments/throughput section c), preset.json (experiments/gpu/preset.py),
-tests.log / tests.xml (pytest), compile_check.txt and env.txt. Runs on the CPU machine: the standard library,
-matplotlib for the plot, and minillm.outcome for the metric names. Judges the targets (report.judge) and adds
-the preset's MFU target.
+Reads, in any of the folders and their subfolders: the kernel benchmark reports (<device>.json with a "meta"
+section; merged by key with experiments/benchmarks/kernels/report.py, so the tests step's --tune rows, the kernels
+step and the train step make one report), throughput-*.json (experiments/benchmarks/throughput, section c),
+preset.json (experiments/benchmarks/gpu/preset.py), tests.log / tests.xml (pytest), compile_check.txt and env.txt.
+Runs on any machine with the checkout: the standard library, matplotlib for the plot, and minillm.metrics for the
+metric names. Judges the targets (report.judge) and adds the preset's MFU target.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from experiments.gpu.preset import markdown as preset_markdown
-from experiments.kernel_bench import report as R
+from experiments.benchmarks.gpu.preset import markdown as preset_markdown
+from experiments.benchmarks.kernels import report as R
 from minillm.metrics import MFU
 
 HERE = Path(__file__).resolve().parent
@@ -79,12 +79,13 @@ def preset_targets(runs: list[dict]) -> list[dict]:
 def markdown(merged: dict) -> str:
     kernel = merged["kernel"]
     lines = [f"# First GPU contact: {kernel.get('meta', {}).get('device', 'unknown device')}", "",
-             "Merged by experiments/gpu/merge.py from the steps of experiments/gpu/plan.sh.", ""]
+             "Merged by experiments/benchmarks/gpu/merge.py from the steps of experiments/benchmarks/gpu/plan.sh.", ""]
     for title, key in (("Environment", "env"), ("GPU tests (pytest)", "tests"), ("sm_90 compile", "compile_check")):
         if merged[key]:
             lines += [f"## {title}", "", "```", *merged[key], "```", ""]
     if merged["throughput"]:
-        lines += ["## Train step, experiments/throughput section (c) (gpt125m-like, 32K vocab, batch 16 x 1024)", "",
+        lines += ["## Train step, experiments/benchmarks/throughput section (c) (gpt125m-like, 32K vocab, "
+                  "batch 16 x 1024)", "",
                   "| norm | compiled | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|"]
         for r in merged["throughput"]:
             if "error" in r:

@@ -1,9 +1,9 @@
 """Tokens/s and MFU of the default GPU preset (train.py trainer=gpu model=gpt125m), stability callbacks on and
 off, eager and compiled: four short train.py runs, read back from their CSV logs.
 
-    python -m experiments.gpu.preset --out DIR             # on the GPU (needs hydra, datasets, the corpus:
+    python -m experiments.benchmarks.gpu.preset --out DIR             # on the GPU (needs hydra, datasets, the corpus:
                                                            # bash scripts/setup.sh --offline wheelhouse first)
-    python -m experiments.gpu.preset --out DIR --dry-run   # the same runs on the CPU, tiny model, few steps
+    python -m experiments.benchmarks.gpu.preset --out DIR --dry-run   # the same runs on the CPU, tiny model, few steps
 
 Each run is `python train.py trainer=gpu model=gpt125m logger=csv` with validation, test, checkpoints, the
 progress bar and the text sample off (they are not part of a training step), for --steps steps. "Stability off"
@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.common.layout import ROOT
 from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["logger=csv", "+trainer.limit_val_batches=0", "test=false", "+trainer.enable_checkpointing=false",
           "~callbacks.model_checkpoint", "~callbacks.progress_bar", "callbacks.text_sample.max_new_tokens=0"]
 GPU = ["trainer=gpu", "model=gpt125m"]

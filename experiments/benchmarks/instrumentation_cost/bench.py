@@ -1,8 +1,8 @@
 """Cost of the stability callbacks: train-step time with and without them, in one run.
 
-    python -m experiments.instrumentation_cost.bench                 # default model and batch, 400 steps
-    python -m experiments.instrumentation_cost.bench --threads 1      # shared machine: see below
-    python -m experiments.instrumentation_cost.bench --blocks 6 --batch 4   # a quick code check
+    python -m experiments.benchmarks.instrumentation_cost.bench                 # default model and batch, 400 steps
+    python -m experiments.benchmarks.instrumentation_cost.bench --threads 1      # shared machine: see below
+    python -m experiments.benchmarks.instrumentation_cost.bench --blocks 6 --batch 4   # a quick code check
 
 One Lightning run trains the default model (configs/model/default.yaml, batch data.batch_size, composed with
 Hydra) on random tokens (fp32, gradient clipping 1.0, log_every_n_steps 10, CSV logger, no validation, no

@@ -1,9 +1,9 @@
 """Fused RMSNorm benchmark: kernel bandwidth against the baselines, backward tunables, train-step time.
 
-    python -m experiments.kernel_bench.bench --out DIR                 # CUDA GPU: kernels + train step
-    python -m experiments.kernel_bench.bench --mode kernels --out DIR  # one section; reports merge by key
-    python -m experiments.kernel_bench.bench --mode tune --out DIR     # time one-pass backward tunables
-    python -m experiments.kernel_bench.bench --smoke                   # CPU, TRITON_INTERPRET=1: a code check
+    python -m experiments.benchmarks.kernels.bench --out DIR                 # CUDA GPU: kernels + train step
+    python -m experiments.benchmarks.kernels.bench --mode kernels --out DIR  # one section; reports merge by key
+    python -m experiments.benchmarks.kernels.bench --mode tune --out DIR     # time one-pass backward tunables
+    python -m experiments.benchmarks.kernels.bench --smoke                   # CPU, TRITON_INTERPRET=1: a code check
 
 Writes DIR/<device>.json, .md and .png after every shape and configuration (default DIR: a temp folder, never
 the committed results). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.kernel_bench import report as R
+from experiments.benchmarks.kernels import report as R
 
 ROWS = (4096, 16384, 65536)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)

@@ -3,7 +3,7 @@
 Imports nothing beyond the standard library (matplotlib only for the plot, when it is installed), so the
 merge and the report also run on a machine without torch:
 
-    python -m experiments.kernel_bench.report RESULTS.json      # rewrite RESULTS.md / .png from the JSON
+    python -m experiments.benchmarks.kernels.report RESULTS.json      # rewrite RESULTS.md / .png from the JSON
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@
       fused_rmsnorm, tokens/s and MFU against Lightning's peak table; synthetic tokens, so it needs neither
       Hydra nor `datasets` (a bare CUDA image with torch, triton and lightning runs it)
 
-    .venv/bin/python -m experiments.throughput.bench --out DIR        # CPU: (a) + (b)
-    .venv/bin/python -m experiments.throughput.bench --gpu --out DIR  # on a CUDA machine: (c) only
-    .venv/bin/python -m experiments.throughput.bench --sections abc   # everything
+    .venv/bin/python -m experiments.benchmarks.throughput.bench --out DIR        # CPU: (a) + (b)
+    .venv/bin/python -m experiments.benchmarks.throughput.bench --gpu --out DIR  # on a CUDA machine: (c) only
+    .venv/bin/python -m experiments.benchmarks.throughput.bench --sections abc   # everything
 
 Results go to --out (a .json path, or a folder for throughput-<device>.json; default: a temp folder, never
 the committed results) and are rewritten after every section and every (c) configuration; a (c)

@@ -1,1 +1,1 @@
-"""The seed notes' own comparisons, measured (README.md)."""
+"""S0: three textbook claims about BatchNorm, LayerNorm and RMSNorm, measured with minillm's own modules (README.md)."""

@@ -1,18 +1,22 @@
-"""The seed notes' own comparisons, measured (minillm's norm modules, real Shakespeare data).
+"""Three textbook claims about the norms, measured (minillm's norm modules, real Shakespeare data).
 
-dist   seeds/003: histograms of the same activations after BatchNorm, LayerNorm and RMSNorm
-       (x = randn(16, 8) * 5 + 10 as in the note, and real hidden states of the default model), plus a
-       trained default model's per-layer activation histograms (trained here for TRAIN_STEPS steps)
-bn     seeds/002: the three reasons BatchNorm is rarely used in language models, each shown by tiny runs
+dist   "BatchNorm standardizes each feature over the batch, LayerNorm each token over its features": histograms
+       of the same activations after BatchNorm, LayerNorm and RMSNorm (the textbook's toy input
+       x = randn(16, 8) * 5 + 10, and real hidden states of the default model), plus a trained default model's
+       per-layer activation histograms (trained here for TRAIN_STEPS steps)
+bn     the three reasons BatchNorm is rarely used in language models, each shown by tiny runs
        (small batch; train/inference mismatch; position statistics)
-leak   seeds/002 (c), the stronger test: BatchNorm with statistics pooled over (batch, time) at batch 1, 2
+leak   reason (c), the stronger test: BatchNorm with statistics pooled over (batch, time) at batch 1, 2
        and 4, for LEAK_STEPS steps. Does the model learn to read the future through the statistics?
-table  seeds/000: parameters per norm (counted) and op cost forward / forward+backward, read from
-       experiments/s6_cost/bench.json (run python -m experiments.s6_cost.bench first; not measured twice)
+table  "BatchNorm and LayerNorm have 2H parameters, RMSNorm H, and RMSNorm costs ~25% less": parameters per norm
+       (counted) and op cost forward / forward+backward, read from S6's
+       experiments/studies/s6_cost/r1_cost/bench.json (run python -m experiments.studies.s6_cost.r1_cost.bench
+       first; not measured twice)
 
 Training uses the reference loop (experiments.common.reference) on the composed configs/ with the overrides below.
 
-  .venv/bin/python -m experiments.seeds.run dist bn leak table      # ~10-15 min on 2 shared CPU cores
+  # ~10-15 min on 2 shared CPU cores
+  .venv/bin/python -m experiments.studies.s0_textbook_claims.r1_claims.run dist bn leak table
 """
 
 # ruff: noqa: B023  (the closures in the timing/eval loops are called at once, inside the loop)
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from experiments.common.layout import STUDIES
 from experiments.common.plots import pyplot, save
 from experiments.common.reference import Loop, compose, evaluate, gather, model_config, tokens, train
 from minillm.data import eval_starts
@@ -77,7 +82,7 @@ def moments(t: torch.Tensor, dim) -> dict:
 def dist() -> dict:
     p = pyplot()
     res = {}
-    # 1) seeds/003's toy input: batch 16, 8 features, mean 10, std 5 -> as (B=16, T=1, C=8)
+    # 1) the textbook's toy input: batch 16, 8 features, mean 10, std 5 -> as (B=16, T=1, C=8)
     torch.manual_seed(42)
     x = torch.randn(16, 8) * 5 + 10
     outs = apply_norms(x[:, None, :])
@@ -137,7 +142,7 @@ def dist() -> dict:
         ax.hist(v.flatten().numpy(), bins=80, alpha=0.8, color="gray" if k.startswith("hidden") else None)
         ax.set_title(k, fontsize=9)
         ax.set_yscale("log")
-    axes[0, 0].set_ylabel("toy input (seeds/003)")
+    axes[0, 0].set_ylabel("toy input")
     axes[1, 0].set_ylabel("real hidden states (log count)")
     save(fig, OUT / "norm_histograms.png", dpi=100)
 
@@ -392,7 +397,7 @@ def plot_bn(out: dict) -> None:
 
 
 def table() -> dict:
-    bench = json.loads((OUT.parent / "s6_cost" / "bench.json").read_text())
+    bench = json.loads((STUDIES / "s6_cost" / "r1_cost" / "bench.json").read_text())
     C = 128
     names = {"batchnorm": "BatchNorm", "layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
     rows = []

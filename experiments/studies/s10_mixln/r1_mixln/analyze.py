@@ -3,7 +3,8 @@ does mixing help? Pre-registered: the rules below were committed before any run 
 the commit).
 
     python train.py -m experiment=s10_mixln hydra/launcher=joblib hydra.launcher.n_jobs=2   # 12 runs, ~15 min
-    python -m experiments.s10_mixln.analyze logs/s10_mixln/multiruns/<t>   # or no argument: the committed data
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s10_mixln.r1_mixln.analyze logs/s10_mixln/multiruns/<t>
 
 Setting (configs/experiment/s10_mixln.yaml): RMSNorm, dim 64, lr 1e-3, 400 steps, warmup 40, no clipping;
 placement {pre, post, mix} x L {12, 24} x seeds {0, 1}. Mix-LN: Post-LN in the first floor(0.25 L) layers, Pre-LN

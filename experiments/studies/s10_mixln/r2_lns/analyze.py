@@ -1,10 +1,11 @@
 """S10 round 2: LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models") as the other
 remedy for Pre-LN's idle deep layers, beside S10's Pre-LN and Mix-LN runs. Pre-registered: the rules below were
-committed before any run of this round (the README names the commit). Results go to experiments/s10_mixln/lns/.
+committed before any run of this round (the README names the commit). Results go to this folder.
 
     python train.py -m experiment=s10_mixln placement=pre model.layernorm_scaling=true 'tags=[lns]' \\
         hydra/launcher=joblib hydra.launcher.n_jobs=2 hydra.sweep.dir=logs/s10_mixln/multiruns/lns   # 4 runs
-    python -m experiments.s10_mixln.lns logs/s10_mixln/multiruns/<S10's sweep> logs/s10_mixln/multiruns/lns
+    python -m experiments.studies.s10_mixln.r2_lns.analyze logs/s10_mixln/multiruns/<S10's sweep> \\
+        logs/s10_mixln/multiruns/lns
 
 Same setting as S10 (RMSNorm, dim 64, lr 1e-3, 400 steps, L in {12, 24}, seeds {0, 1}); model.layernorm_scaling
 multiplies the input norm's output of layer l by 1/sqrt(l). Measures as S10 (gradient tilt, layer-drop loss of
@@ -31,11 +32,11 @@ from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write
-from experiments.s10_mixln import analyze as s10
+from experiments.studies.s10_mixln.r1_mixln import analyze as s10
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss
 
-HERE = Path(__file__).parent / "lns"
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 GROWTH = 2.0
 MATTER = s10.MATTER  # 1.5

@@ -1,10 +1,10 @@
-"""S10 round 3: why does LayerNorm Scaling lose here? Round 2 (lns.py) found LNS's deep layers almost idle and LNS
+"""S10 round 3: why does LayerNorm Scaling lose here? Round 2 (r2_lns) found LNS's deep layers almost idle and LNS
 0.16 nats behind Pre-LN at L = 24. Two untested explanations, each a change round 2's README names: minillm's
 GPT-2 init already shrinks the residual projections by 1/sqrt(2L), so LNS's deep blocks start doubly damped; and
 400 steps at lr 1e-3 do not let the input norms' gains grow back the 1/sqrt(l) that LNS takes away (under AdamW an
 update's size does not follow its gradient's scale, so a block whose input is scaled by c learns ~c times as
 fast in function space). Pre-registered: the rules below were committed before any run of this round (the README
-names the commit). Results go to experiments/s10_mixln/lns_why/.
+names the commit). Results go to this round's folder.
 
     S="python train.py -m experiment=s10_mixln placement=pre model.n_layers=24 seed=0,1 hydra/launcher=joblib \\
        hydra.launcher.n_jobs=2"
@@ -14,10 +14,11 @@ names the commit). Results go to experiments/s10_mixln/lns_why/.
     $S trainer.max_steps=1600 'tags=[long]' hydra.sweep.dir=logs/s10_mixln/multiruns/why_pre_long
     $S trainer.max_steps=1600 model.layernorm_scaling=true 'tags=[lns,long]' \\
        hydra.sweep.dir=logs/s10_mixln/multiruns/why_lns_long          # 8 runs in all, ~25 min on 2 cores
-    python -m experiments.s10_mixln.lns_why logs/s10_mixln/multiruns/why_*   # or no argument: committed data
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s10_mixln.r3_lns_why.analyze logs/s10_mixln/multiruns/why_*
 
-Round 2's runs come from its committed lns/runs.jsonl; their measures from the checkpoints in the run folders
-those records name (run round 2 first, lns.py's commands).
+Round 2's runs come from its committed r2_lns/runs.jsonl; their measures from the checkpoints in the run folders
+those records name (run round 2 first, with r2_lns/analyze.py's commands).
 
 Arms, each Pre-LN and Pre-LN + LNS at L = 24, seeds {0, 1}, S10's setting otherwise (RMSNorm, dim 64, lr 1e-3,
 warmup 40): "round 2" (its committed runs: GPT-2 init, 400 steps), "unscaled" (model.depth_scaled_init=false:
@@ -49,11 +50,11 @@ import torch
 
 from experiments.common.machine import machine
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
-from experiments.s10_mixln import analyze as s10
-from experiments.s10_mixln import lns
+from experiments.studies.s10_mixln.r1_mixln import analyze as s10
+from experiments.studies.s10_mixln.r2_lns import analyze as lns
 from minillm.outcome import final_loss
 
-HERE = Path(__file__).parent / "lns_why"
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 DEPTH = 24
 CLOSED = 0.05  # nats: "LNS no longer loses"

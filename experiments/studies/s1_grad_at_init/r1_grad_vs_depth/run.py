@@ -9,8 +9,9 @@ depth_scaled_init=False), xavier (model.init=xavier: the paper's setting)} x d {
 x seeds x batches. Norm: layernorm (as in the paper).
 Fits the slope of log(g_last) vs log(L) (mean over seeds and batches) and decides with the thresholds below.
 
-    .venv/bin/python -m experiments.s1_grad_at_init.run            # ~3-6 min on 2 CPU cores
-    .venv/bin/python -m experiments.s1_grad_at_init.run --replot   # seconds: the PNGs from results.json
+    .venv/bin/python -m experiments.studies.s1_grad_at_init.r1_grad_vs_depth.run            # ~3-6 min on 2 CPU cores
+    # seconds: the PNGs from results.json
+    .venv/bin/python -m experiments.studies.s1_grad_at_init.r1_grad_vs_depth.run --replot
 """
 
 from __future__ import annotations

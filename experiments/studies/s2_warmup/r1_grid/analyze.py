@@ -1,8 +1,9 @@
 """S2: does Post-LN need warmup where Pre-LN does not? Table, verdict and plots of the s2_warmup sweep.
 
     python train.py -m experiment=s2_warmup                          # 72 runs -> logs/s2_warmup/multiruns/<t>/
-    python -m experiments.s2_warmup.analyze logs/s2_warmup/multiruns/<t>   # or no argument: committed runs
-    python -m experiments.s2_warmup.analyze --out DIR                        # results and plots into DIR
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s2_warmup.r1_grid.analyze logs/s2_warmup/multiruns/<t>
+    python -m experiments.studies.s2_warmup.r1_grid.analyze --out DIR  # results and plots into DIR
 
 Beside the rules, not part of them: the 95% paired t interval of each warmup gain over the seeds (no warmup - the
 best warmup, paired by seed; minillm.verdicts.paired_t through experiments.common.study.paired).
@@ -21,7 +22,7 @@ from minillm.outcome import failed_of, loss_for_comparison
 
 HERE = Path(__file__).parent
 # Fixed before the sweep ran. A run's loss is minillm.outcome.loss_for_comparison: its final val loss, a diverged run
-# counting as ln V (EXPERIMENTS.md).
+# counting as ln V.
 # warmup gain = loss without warmup - best loss with warmup (mean over seeds), per depth, placement and lr.
 NEEDS_WARMUP = 0.10  # a placement "needs warmup" at a setting where the gain is >= 0.10 nats and >= 2x seed range
 INSENSITIVE = 0.05  # a placement is "insensitive to warmup" where the gain is <= 0.05 nats

@@ -1,12 +1,12 @@
 """S2 round 2: the key cells again in the paper's initialization. Round 1 ran with GPT-2's N(0, 0.02) init, which
 removes the precondition of Xiong et al.'s analysis (S1: with init xavier, Post-LN's last-layer gradient is
 4-5x Pre-LN's at L = 24; with GPT-2's init it is not). Pre-registered: the rules below were committed before any
-run of this round (the README names the commit). Results go to experiments/s2_warmup/xavier/.
+run of this round (the README names the commit). Results go to this round's folder.
 
     python train.py -m experiment=s2_warmup model.init=xavier model.n_layers=12 scheduler.warmup_steps=0,100 \\
         seed=0,1,2 'tags=[xavier]' hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         hydra.sweep.dir=logs/s2_warmup/multiruns/xavier                 # 36 runs, ~27 min on 2 cores
-    python -m experiments.s2_warmup.xavier logs/s2_warmup/multiruns/xavier   # or no argument
+    python -m experiments.studies.s2_warmup.r2_xavier.analyze logs/s2_warmup/multiruns/xavier   # or no argument
 
 Setting: S2's (LayerNorm, dim 64, 400 steps, no clipping, cosine after a linear warmup), L = 12, placement
 {pre, post} x lr {1e-3, 3e-3, 1e-2} x warmup {0, 100} x seeds {0, 1, 2}, model.init=xavier (Xavier-normal
@@ -30,12 +30,12 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
-from experiments.s2_warmup.analyze import INSENSITIVE, NEEDS_WARMUP
+from experiments.studies.s2_warmup.r1_grid.analyze import INSENSITIVE, NEEDS_WARMUP
 from minillm import verdicts as st
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
 
-HERE = Path(__file__).parent / "xavier"
+HERE = Path(__file__).parent
 WARMUP = 100
 
 

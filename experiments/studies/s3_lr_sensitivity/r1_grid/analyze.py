@@ -1,8 +1,9 @@
 """S3: LR sensitivity of norm variants, attention-logit growth, QK-norm and z-loss (Wortsman et al. 2023).
 
     python train.py -m experiment=s3_lr_sensitivity                  # 112 runs
-    python -m experiments.s3_lr_sensitivity.analyze logs/s3_lr_sensitivity/multiruns/<t>   # or no argument
-    python -m experiments.s3_lr_sensitivity.analyze --out DIR      # results and plots into DIR
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s3_lr_sensitivity.r1_grid.analyze logs/s3_lr_sensitivity/multiruns/<t>
+    python -m experiments.studies.s3_lr_sensitivity.r1_grid.analyze --out DIR      # results and plots into DIR
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """S3 round 2: OLMo 2's norms in the LR-sensitivity sweep. Does normalizing each branch's output (placement
 "branch", no input norm) together with QK-norm lower the sensitivity to the learning rate, and which of the two
 does it? Pre-registered: the rules below were committed before any run of this round (the README names the
-commit). Results go to experiments/s3_lr_sensitivity/olmo2/.
+commit). Results go to this round's folder.
 
     python train.py -m experiment=s3_lr_sensitivity norm=rmsnorm placement=pre,branch \\
         model.qk_norm=none,rmsnorm module.z_loss=0 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         hydra.sweep.dir=logs/s3_lr_sensitivity/multiruns/olmo2                # 56 runs, ~15 min on 2 cores
-    python -m experiments.s3_lr_sensitivity.olmo2 logs/s3_lr_sensitivity/multiruns/olmo2   # or no argument
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s3_lr_sensitivity.r2_olmo2.analyze logs/s3_lr_sensitivity/multiruns/olmo2
 
 Setting: S3's (4 layers, dim 64, 400 steps, warmup 40, no clipping, lr 3e-4 .. 3e-1, seeds 0 and 1), RMSNorm
 everywhere as OLMo 2, QK-norm RMSNorm on queries and keys as OLMo 2, and no z-loss (OLMo 2 adds z-loss 1e-5;
@@ -37,7 +38,7 @@ from minillm.metrics import MAX_ATTN_LOGIT
 from minillm.outcome import failed_of, loss_for_comparison
 from minillm.report import lr_sensitivity
 
-HERE = Path(__file__).parent / "olmo2"
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 LOWER = 0.8  # S3's rule: a change "lowers sensitivity" at <= 0.8x
 MARGIN = 0.05  # nats: O4

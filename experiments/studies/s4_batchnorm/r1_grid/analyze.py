@@ -1,8 +1,9 @@
-"""S4: BatchNorm vs LayerNorm vs RMSNorm at batch 4 and 64 (Shen et al. 2020; seeds/002).
+"""S4: BatchNorm vs LayerNorm vs RMSNorm at batch 4 and 64 (Shen et al. 2020; the textbook
+reasons of S0).
 
     python train.py -m experiment=s4_batchnorm                      # 18 runs
-    python -m experiments.s4_batchnorm.analyze logs/s4_batchnorm/multiruns/<t>   # or no argument
-    python -m experiments.s4_batchnorm.analyze --out DIR             # results and plots into DIR
+    python -m experiments.studies.s4_batchnorm.r1_grid.analyze logs/s4_batchnorm/multiruns/<t>   # or no argument
+    python -m experiments.studies.s4_batchnorm.r1_grid.analyze --out DIR             # results and plots into DIR
 
 Beside the rules, not part of them: each difference's 95% paired t interval over the seeds both arms trained
 (minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm

@@ -1,13 +1,14 @@
 """S4 round 2: PowerNorm, Shen et al.'s own fix, beside BatchNorm and LayerNorm, and BatchNorm's fluctuation
 measured against the floor that sampling alone sets. Pre-registered: the rules below were committed before any
-run of this round (the README names the commit). Results go to experiments/s4_batchnorm/round2/.
+run of this round (the README names the commit). Results go to this round's folder.
 
     python train.py -m experiment=s4_batchnorm norm=batchnorm,layernorm hydra/launcher=joblib \\
         hydra.launcher.n_jobs=2 hydra.sweep.dir=logs/s4_batchnorm/multiruns/round2_bn_ln          # 12 runs
     python train.py -m experiment=s4_batchnorm norm=powernorm model.norm_options.group_scaling=1 \\
         model.norm_options.warmup_steps=40 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         hydra.sweep.dir=logs/s4_batchnorm/multiruns/round2_pn                                      # 6 runs
-    python -m experiments.s4_batchnorm.round2 logs/s4_batchnorm/multiruns/round2_*   # or no argument
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s4_batchnorm.r2_powernorm.analyze logs/s4_batchnorm/multiruns/round2_*
 
 PowerNorm runs as the authors' released code does (GroupScaling1D with one group, i.e. each token divided by
 its RMS first, and a warmup on batch statistics: 10% of training, 40 of 400 steps, as their 10k iterations of
@@ -22,7 +23,8 @@ Hypotheses, each with its source:
   P1 (Shen et al. 2020: PowerNorm matches or beats LayerNorm; language modelling on PTB / WikiText-103):
      PowerNorm's mean val loss at batch 64 minus LayerNorm's. Confirmed: <= max(MARGIN, 2 x the larger seed
      range); not at this scale: above.
-  P2 (Shen et al. 2020: PowerNorm removes BatchNorm's failure; seeds/002: the failure is worst at small batch):
+  P2 (Shen et al. 2020: PowerNorm removes BatchNorm's failure; S0's textbook reason: the failure is worst at
+     small batch):
      at batch 4, no PowerNorm run fails (minillm.outcome's rule, eval mode: the running statistics) and its mean
      val loss is within max(MARGIN, 2 x the larger seed range) of LayerNorm's. Confirmed: both; partly: no
      failure but further from LayerNorm; not at this scale: a run fails.
@@ -47,7 +49,7 @@ from minillm.compare import compare
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
 
-HERE = Path(__file__).parent / "round2"
+HERE = Path(__file__).parent
 NORMS = ("batchnorm", "powernorm", "layernorm")
 # --- fixed before the runs ---------------------------------------------------------------------------------
 EXCESS = 2.0  # F: fluctuation "beyond sampling" when >= 2x the i.i.d. null

@@ -2,8 +2,9 @@
 
     python train.py -m experiment=s5_precision trainer.precision=32-true,bf16-mixed hydra.sweep.dir=logs/s5/a
     python train.py -m experiment=s5_precision trainer=cpu_fp16 hydra.sweep.dir=logs/s5/b
-    python -m experiments.s5_precision.analyze logs/s5/a logs/s5/b     # or no argument: committed runs
-    python -m experiments.s5_precision.analyze --out DIR              # results and plots into DIR
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s5_precision.r1_precision.analyze logs/s5/a logs/s5/b
+    python -m experiments.studies.s5_precision.r1_precision.analyze --out DIR              # results and plots into DIR
 
 Beside the rules, not part of them: each precision's difference from fp32 with its 95% paired t interval over the
 seeds and the engine's word for it at the margin SAME (minillm.verdicts.paired_t, verdict), and verdicts.json (.md,

@@ -2,8 +2,9 @@
 becomes inf and x / inf silently turns the whole row into zeros. minillm's norms, which reduce in fp32 whatever
 the input dtype, match the exact computation within fp16 rounding.
 
-    python -m experiments.s5_precision.overflow             # seconds; writes overflow.json and overflow.md here
-    python -m experiments.s5_precision.overflow --out DIR   # into DIR
+    # seconds; writes overflow.json and overflow.md here
+    python -m experiments.studies.s5_precision.r1_precision.overflow
+    python -m experiments.studies.s5_precision.r1_precision.overflow --out DIR   # into DIR
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ C = 256
 
 
 def naive_rmsnorm(x):
-    """The seed notes' LLaMA RMSNorm computed in the input dtype (no upcast)."""
+    """LLaMA's RMSNorm formula computed in the input dtype (no upcast), as a textbook writes it."""
     return x / torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True) + 1e-5)
 
 

@@ -1,10 +1,11 @@
 """S5 round 2, the Peri-LN growth test: does the residual stream grow with depth and with training under Pre-LN,
 and does Peri-LN keep it in check? Pre-registered: the rules below were committed before any run of this round
-(the README names the commit). Results go to experiments/s5_precision/growth/.
+(the README names the commit). Results go to this round's folder.
 
-    python -m experiments.s5_precision.growth --run        # both stages, then this analysis (~45 min, 2 cores)
-    python -m experiments.s5_precision.growth --run --dry-run   # print the train.py commands only
-    python -m experiments.s5_precision.growth logs/s5_precision/multiruns/growth_*   # or no argument
+    # both stages, then this analysis (~45 min, 2 cores)
+    python -m experiments.studies.s5_precision.r2_growth.analyze --run
+    python -m experiments.studies.s5_precision.r2_growth.analyze --run --dry-run   # print the train.py commands only
+    python -m experiments.studies.s5_precision.r2_growth.analyze logs/s5_precision/multiruns/growth_*   # or no argument
 
 Stage 1 tunes the lr per placement: lr in LRS at L = TUNE_DEPTH, seed TUNE_SEED; the lowest comparison loss
 (minillm.outcome.loss_for_comparison) wins. Stage 2 runs each placement at its lr, L in DEPTHS, SEEDS.
@@ -45,14 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common.layout import ROOT
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss, loss_for_comparison
 
-HERE = Path(__file__).parent / "growth"
-ROOT = Path(__file__).parents[2]
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 PLACEMENTS = ("pre", "peri", "post")
 DEPTHS = (6, 12, 24, 48)
@@ -230,7 +231,7 @@ def run(dry: bool) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweeps", nargs="*", help="the stage folders; none: the committed runs")
-    ap.add_argument("--out", type=Path, help="folder for the results; default experiments/s5_precision/growth")
+    ap.add_argument("--out", type=Path, help="folder for the results; default: this round's folder")
     ap.add_argument("--run", action="store_true", help="run both stages first, then analyze them")
     ap.add_argument("--dry-run", action="store_true", help="with --run: print the commands only")
     args = ap.parse_args(argv)

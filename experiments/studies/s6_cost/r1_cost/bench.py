@@ -7,7 +7,7 @@
 (b) train-step time (forward, backward, clip, AdamW) of the default model (dim 128, 4 layers, batch
     32 x 64, fp32) with layernorm vs rmsnorm, interleaved step blocks, median; tokens/s.
 
-    .venv/bin/python -m experiments.s6_cost.bench        # ~3 min on 2 shared CPU cores
+    .venv/bin/python -m experiments.studies.s6_cost.r1_cost.bench        # ~3 min on 2 shared CPU cores
 """
 
 # ruff: noqa: B023  (the closures in the timing/eval loops are called at once, inside the loop)

@@ -4,13 +4,16 @@ Uses the reference loop of experiments.common.reference (a plain PyTorch loop ov
 same model, data windows, AdamW groups, schedule and clipping as `python train.py`; the calibration study checks
 they agree). Both norms of one seed share the seed (init draws and data windows): a pair.
 
-    .venv/bin/python -m experiments.s6_cost.quality        # round 1: seeds 1337, 1 (4 runs, ~5 min) -> quality.json
-    .venv/bin/python -m experiments.s6_cost.quality --seeds 100 101 102 103 104 105 106 107 108 109 --jobs 2 \\
-        --out experiments/s6_cost/quality_seeds10.json      # round 2: 10 fresh pairs, ~15 min on 2 cores
-    .venv/bin/python -m experiments.s6_cost.quality --report experiments/s6_cost/quality_seeds10.json
-    .venv/bin/python -m experiments.s6_cost.quality --reanalyze experiments/s6_cost/quality_seeds10.json
-        # the analysis again from the committed runs (no training): rewrites the JSON's analysis fields and
-        # quality_seeds10_verdicts/ (the same for quality.json and quality_verdicts/)
+    # round 1: seeds 1337, 1 (4 runs, ~5 min) -> quality.json and quality_verdicts/ here
+    .venv/bin/python -m experiments.studies.s6_cost.r1_cost.quality
+    # round 2: 10 fresh pairs, ~15 min on 2 cores -> S6's r2_more_seeds/
+    .venv/bin/python -m experiments.studies.s6_cost.r1_cost.quality --seeds 100 101 102 103 104 105 106 107 108 \\
+        109 --jobs 2 --out experiments/studies/s6_cost/r2_more_seeds/quality.json
+    R2=experiments/studies/s6_cost/r2_more_seeds/quality.json
+    .venv/bin/python -m experiments.studies.s6_cost.r1_cost.quality --report $R2   # its table
+    .venv/bin/python -m experiments.studies.s6_cost.r1_cost.quality --reanalyze $R2
+        # the analysis again from the committed runs (no training): rewrites the JSON's analysis fields and the
+        # quality_verdicts/ folder beside it (the same for round 1's quality.json)
 
 Round 1's rule (fixed before its runs): |mean(rmsnorm) - mean(layernorm)| <= the larger seed range of the two
 arms counts as "within seed noise". Round 2's rule (fixed before its runs, in this file): the paired

@@ -1,13 +1,15 @@
 # ruff: noqa: E501  (markdown table rows)
-"""Print the markdown tables of the S6 README (and the seeds/000 table) from bench.json and quality.json.
+"""Print the markdown tables of the S6 README (and S0's parameter and cost table) from bench.json and quality.json.
 
-    python -m experiments.s6_cost.report
+    python -m experiments.studies.s6_cost.r1_cost.report
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from experiments.common.layout import STUDIES
 
 OUT = Path(__file__).parent
 
@@ -43,7 +45,7 @@ def main() -> None:
             f"\ndiff rms - ln {q['diff_rms_minus_ln']:+.4f}, paired {[round(d, 4) for d in q['paired_diffs']]}, "
             f"seed range {q['seed_range']:.4f}, parity {q['parity']}"
         )
-    seeds = OUT.parent / "seeds" / "results.json"
+    seeds = STUDIES / "s0_textbook_claims" / "r1_claims" / "results.json"
     if seeds.exists() and "table" in json.loads(seeds.read_text()):
         t = json.loads(seeds.read_text())["table"]
         print(

@@ -1,8 +1,9 @@
 """S7: depth ladder, Pre-LN vs Post-LN vs DeepNorm (Wang et al. 2022, DeepNet).
 
     python train.py -m experiment=s7_depth                          # 24 runs
-    python -m experiments.s7_depth.analyze logs/s7_depth/multiruns/<t>   # or no argument: committed runs
-    python -m experiments.s7_depth.analyze --out DIR                     # results and plots into DIR
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s7_depth.r1_ladder.analyze logs/s7_depth/multiruns/<t>
+    python -m experiments.studies.s7_depth.r1_ladder.analyze --out DIR                     # results and plots into DIR
 """
 
 from __future__ import annotations

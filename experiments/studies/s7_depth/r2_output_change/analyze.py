@@ -7,8 +7,9 @@ untouched, so each rerun repeats the committed run's losses and inherits its "st
 
     python train.py -m experiment=s7_depth placement=post,deepnorm model.n_layers=48 seed=0,1,2,3,4,5,6,7,8,9 \\
         trainer.max_steps=100 scheduler.total_steps=300 callbacks.stability.output_change=true
-    python -m experiments.s7_depth.output_change logs/s7_output/<time>   # or no argument: committed runs
-    python -m experiments.s7_depth.output_change --out DIR               # results and plot into DIR
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s7_depth.r2_output_change.analyze logs/s7_output/<time>
+    python -m experiments.studies.s7_depth.r2_output_change.analyze --out DIR               # results and plot into DIR
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, table, write
-from experiments.s7_depth.analyze import EARLY, EXPLODES, HERE, stalled
+from experiments.studies.s7_depth.r1_ladder import analyze as ladder
+from experiments.studies.s7_depth.r1_ladder.analyze import EARLY, EXPLODES, stalled
 from minillm.metrics import OUTPUT_CHANGE, TRAIN_LOSS, UPDATE_RATIO
 
-OUT = HERE / "output_change"
+OUT = Path(__file__).parent
 METRICS = (TRAIN_LOSS, OUTPUT_CHANGE, UPDATE_RATIO)
 
 
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or OUT
     runs = load(OUT, args.sweeps, lambda k: k in METRICS, out)
     deep = max(r["n_layers"] for r in runs)
-    full = {(r["placement"], r["seed"]): r for r in load(HERE, [], lambda k: k == TRAIN_LOSS)
+    full = {(r["placement"], r["seed"]): r for r in load(ladder.HERE, [], lambda k: k == TRAIN_LOSS)
             if r["n_layers"] == deep}
     groups: dict[str, list[dict]] = {"post, stalled": [], "post, trained": [], "deepnorm": []}
     mismatch = 0.0  # largest |train loss of the rerun - train loss of the full run| at a common step

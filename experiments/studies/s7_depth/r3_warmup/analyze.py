@@ -3,8 +3,8 @@ warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
 
     python train.py -m experiment=s7_depth placement=post model.n_layers=48 scheduler.warmup_steps=120 \\
         seed=0,1,2,3,4,5,6,7,8,9
-    python -m experiments.s7_depth.warmup logs/s7_warmup/<time>      # or no argument: committed runs
-    python -m experiments.s7_depth.warmup --out DIR                   # results into DIR
+    python -m experiments.studies.s7_depth.r3_warmup.analyze logs/s7_warmup/<time>      # or no argument: committed runs
+    python -m experiments.studies.s7_depth.r3_warmup.analyze --out DIR                   # results into DIR
 
 Beside the rule, not part of it: each stall rate's Clopper-Pearson interval and the two-sided Fisher p of the
 two warmups' stalls (minillm.verdicts.exact_ci, fisher_p).
@@ -13,14 +13,16 @@ two warmups' stalls (minillm.verdicts.exact_ci, fisher_p).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
-from experiments.s7_depth.analyze import HERE, stalled, val_loss
+from experiments.studies.s7_depth.r1_ladder import analyze as ladder
+from experiments.studies.s7_depth.r1_ladder.analyze import stalled, val_loss
 from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
 
-OUT = HERE / "warmup"
+OUT = Path(__file__).parent
 # Fixed before the runs: the longer warmup "prevents the stalls" when at most PREVENTS of its 10 runs stall
 # (4 of 10 stalled with the 40-step warmup).
 PREVENTS = 1
@@ -31,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or OUT
     long = load(OUT, args.sweeps, lambda k: k == TRAIN_LOSS, out)
     deep = max(r["n_layers"] for r in long)
-    short = load(HERE, [], lambda k: False).where(placement="post", n_layers=deep)
+    short = load(ladder.HERE, [], lambda k: False).where(placement="post", n_layers=deep)
     rows, cells = [], {}
     for warmup, runs in ((short[0]["warmup_steps"], short), (long[0]["warmup_steps"], long)):
         trained = [val_loss(r) for r in runs if not stalled(r)]

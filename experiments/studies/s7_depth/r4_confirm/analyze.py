@@ -6,7 +6,8 @@ This file, with its thresholds, was committed before any of its runs existed (th
     python train.py -m experiment=s7_depth name=s7_confirm hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         model.n_layers=48 placement=post,deepnorm model.init=gpt2,deepnet seed=10,11,12,13,14,15,16,17,18,19 \\
         callbacks.stability.every_n_steps=10
-    python -m experiments.s7_depth.confirm logs/s7_confirm/multiruns/<id>   # or no argument: committed runs
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s7_depth.r4_confirm.analyze logs/s7_confirm/multiruns/<id>
 
 Four arms, 10 fresh seeds each (seeds 0-9 were seen before: one of them motivated the "stalled" criterion):
     post + gpt2      Post-LN as before (minillm's default init)
@@ -22,15 +23,15 @@ reported beside the rules without deciding anything, each arm's stall rate with 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from experiments.common.machine import machine
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
-from experiments.s7_depth.analyze import HERE
 from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import final_loss, is_stalled
 
-OUT = HERE / "confirm"
+OUT = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 STALL_MARGIN = 0.25  # stalled: not diverged and final val loss >= unigram loss - 0.25 nats (minillm.outcome), with
 #                      the unigram loss of the evaluated windows (the corrected rule)

@@ -1,8 +1,9 @@
 """S8: DyT (Zhu et al. 2025) against RMSNorm, alpha0 x lr, two token budgets. Pre-registered: the thresholds
 and rules below were committed before any run of this study (the README names the commit).
 
-    python -m experiments.s8_dyt.run                         # the three sweeps, then this analysis (~17 min)
-    python -m experiments.s8_dyt.analyze logs/s8_dyt/multiruns/<grid> <baseline> <long>   # or no argument
+    python -m experiments.studies.s8_dyt.r1_grid.run  # the three sweeps, then this analysis (~17 min)
+    # the sweep folder(s) below, or no argument: the committed runs
+    python -m experiments.studies.s8_dyt.r1_grid.analyze logs/s8_dyt/multiruns/<grid> <baseline> <long>
 
 Hypotheses, each with its published source:
   H1 (Zhu et al. 2025, LLaMA 7B-70B: DyT matches RMSNorm's loss with alpha0 tuned): the best DyT cell (alpha0

@@ -1,8 +1,8 @@
 """S8's runs: the DyT grid and the RMSNorm baseline at 400 steps (two processes at a time), then the 1600-step
 runs of the best alpha0 at lr 3e-3 beside RMSNorm, then the analysis. ~17 min on 2 cores.
 
-    python -m experiments.s8_dyt.run                 # sweeps into logs/s8_dyt/multiruns/<stage>_<time>
-    python -m experiments.s8_dyt.run --dry-run       # print the commands only
+    python -m experiments.studies.s8_dyt.r1_grid.run                 # sweeps into logs/s8_dyt/multiruns/<stage>_<time>
+    python -m experiments.studies.s8_dyt.r1_grid.run --dry-run       # print the commands only
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from experiments.common.layout import ROOT
 from experiments.common.study import load
-from experiments.s8_dyt import analyze
-
-ROOT = analyze.HERE.parents[1]
+from experiments.studies.s8_dyt.r1_grid import analyze
 
 
 def csv(values: Sequence[float | int]) -> str:

@@ -1,6 +1,6 @@
 """S8 round 2: why does DyT stall here? Two follow-ups of round 1, whose grid did not bracket the best alpha0 (the
 smallest, 0.25, won at every lr) and whose DyT runs mostly ended at the unigram loss. Pre-registered: the rules
-below were committed before any run of this round (the README names the commit). Results: s8_dyt/round2/.
+below were committed before any run of this round (the README names the commit). Results: this round's folder.
 
     python train.py -m experiment=s8_dyt norm=dyt model.norm_options.alpha0=0.05,0.1 \\
         optimizer.lr=1e-3,3e-3,1e-2 seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
@@ -11,9 +11,9 @@ below were committed before any run of this round (the README names the commit).
     python train.py -m experiment=s8_dyt norm=rmsnorm model.init=xavier optimizer.lr=3e-3 seed=0,1,2 \\
         'tags=[xavier]' hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         hydra.sweep.dir=logs/s8_dyt/multiruns/round2_xavier_rmsnorm                          # 3 runs
-    python -m experiments.s8_dyt.round2 logs/s8_dyt/multiruns/round2_*
+    python -m experiments.studies.s8_dyt.r2_alpha0_init.analyze logs/s8_dyt/multiruns/round2_*
 
-Round 1's committed runs (experiments/s8_dyt/runs.jsonl, same code path and
+Round 1's committed runs (experiments/studies/s8_dyt/r1_grid/runs.jsonl, same code path and
 machine type) supply the alpha0 0.25-2 cells of the gpt2-init grid.
 
 Why unit-scale inputs: with minillm's default GPT-2 init the embeddings are N(0, 0.02), so the first DyT sees
@@ -40,10 +40,10 @@ from pathlib import Path
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
-from experiments.s8_dyt import analyze as s8
+from experiments.studies.s8_dyt.r1_grid import analyze as s8
 from minillm.outcome import loss_for_comparison
 
-HERE = Path(__file__).parent / "round2"
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 SMALL_ALPHA0 = (0.05, 0.1)
 XAVIER_ALPHA0 = (0.1, 0.25, 0.5, 1.0)

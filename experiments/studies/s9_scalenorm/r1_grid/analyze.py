@@ -2,7 +2,7 @@
 below were committed before any run of this study (the README names the commit).
 
     python train.py -m experiment=s9_scalenorm hydra/launcher=joblib hydra.launcher.n_jobs=2   # 48 runs, ~15 min
-    python -m experiments.s9_scalenorm.analyze logs/s9_scalenorm/multiruns/<t>   # or no argument
+    python -m experiments.studies.s9_scalenorm.r1_grid.analyze logs/s9_scalenorm/multiruns/<t>   # or no argument
 
 Setting (configs/experiment/s9_scalenorm.yaml): Pre-LN, SmallInit (model.init=small), 4 layers, dim 64, 400
 steps, no clipping; norm {layernorm, scalenorm} x warmup {0, 40} x lr {1e-3, 3e-3, 1e-2} x seeds 0-3.
@@ -15,7 +15,7 @@ Hypotheses (Nguyen & Salazar 2019, "Transformers without Tears"):
   S  ScaleNorm is at least as good as LayerNorm: paired over seeds, each norm at its best lr with warmup 40,
      the 95% t-interval of ScaleNorm - LayerNorm. Confirmed: its upper end < MARGIN_PARITY; contradicted: its
      lower end > MARGIN_PARITY; otherwise unresolved. "better" is added when the upper end is < 0.
-  (The paper's speed claim is a kernel question: experiments/kernel_bench times the norms.)
+  (The paper's speed claim is a kernel question: experiments/benchmarks/kernels times the norms.)
 The interval is minillm.verdicts.paired_t's; beside S's word, the engine's (minillm.verdicts.verdict with the same
 margin: equivalent / better / worse / inconclusive). verdicts.json (.md, .png) holds minillm.compare's verdicts for
 the whole sweep, norm against LayerNorm in each warmup stratum at each norm's tuned lr: what `minillm-report

@@ -1,11 +1,11 @@
 """S9 round 2: S (ScaleNorm vs LayerNorm) left unresolved by 4 seeds; 12 more seeds at the cell S compares.
 Pre-registered: the rule below was committed before any run of this round (the README names the commit).
-Results go to experiments/s9_scalenorm/seeds/.
+Results go to this round's folder.
 
     python train.py -m experiment=s9_scalenorm optimizer.lr=1e-2 scheduler.warmup_steps=40 \\
         seed=4,5,6,7,8,9,10,11,12,13,14,15 hydra/launcher=joblib hydra.launcher.n_jobs=2 \\
         hydra.sweep.dir=logs/s9_scalenorm/multiruns/seeds                   # 24 runs, ~10 min on 2 cores
-    python -m experiments.s9_scalenorm.seeds logs/s9_scalenorm/multiruns/seeds   # or no argument
+    python -m experiments.studies.s9_scalenorm.r2_more_seeds.analyze logs/s9_scalenorm/multiruns/seeds  # or no argument
 
 The cell: lr 1e-2 with warmup 40, the best lr of both norms in S9's grid (seeds 0-3, committed). The new seeds'
 runs join the committed seeds 0-3 of that cell. Nothing else of S9 is re-judged (W stays over seeds 0-3).
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from experiments.common.machine import machine, run_kernels
 from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
-from experiments.s9_scalenorm import analyze as s9
+from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
 from minillm.compare import compare
 from minillm.outcome import loss_for_comparison
 
-HERE = Path(__file__).parent / "seeds"
+HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
 LR, WARMUP = 1e-2, 40
 SEEDS = range(16)
