@@ -1,2 +1,3 @@
-"""minillm's studies: ``experiments.common`` (study runner, plots, machine description, reference loop) and one
-package per study, each run from the repository root as ``python -m experiments.<study>.<script>``."""
+"""minillm's studies and benchmarks: ``experiments.studies.<sNN_name>.<rK_name>`` (a study's rounds),
+``experiments.benchmarks.<name>`` and ``experiments.common`` (study runner, layout, plots, machine description,
+reference loop). Every script runs from the repository root as ``python -m experiments.<...>.<script>``."""

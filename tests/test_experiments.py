@@ -1,5 +1,7 @@
-"""experiments/: a package whose scripts run as ``python -m experiments.<study>.<script>``, whose analyses
-regenerate the committed results from the committed runs, and whose reference loop is built from configs/."""
+"""experiments/: a package of studies (studies/sNN_name/rK_name/) and benchmarks (benchmarks/<name>/), found on disk
+by experiments.common.layout; every analysis regenerates its committed results from the committed runs, the index
+of experiments/README.md is generated from the verdict.json files, and the reference loop is built from configs/.
+Each study's rules on made-up runs: tests/test_study_rules.py."""
 
 from __future__ import annotations
 
@@ -18,36 +20,62 @@ import pytest
 import torch
 
 import experiments
-from experiments.common import reference
+from experiments import index
+from experiments.common import layout, reference
 from experiments.common.machine import machine, run_kernels
 
-ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = ROOT / "experiments"
-# the analyses that re-analyze committed runs, and where their committed results are
-ANALYSES = {"experiments.s2_warmup.analyze": "s2_warmup", "experiments.s3_lr_sensitivity.analyze": "s3_lr_sensitivity",
-            "experiments.s4_batchnorm.analyze": "s4_batchnorm",
-            "experiments.s4_batchnorm.round2": "s4_batchnorm/round2",
-            "experiments.s5_precision.analyze": "s5_precision",
-            "experiments.s7_depth.analyze": "s7_depth", "experiments.s7_depth.output_change": "s7_depth/output_change",
-            "experiments.s7_depth.warmup": "s7_depth/warmup",
-            "experiments.s2_warmup.xavier": "s2_warmup/xavier", "experiments.s3_lr_sensitivity.olmo2":
-            "s3_lr_sensitivity/olmo2", "experiments.s5_precision.growth": "s5_precision/growth",
-            "experiments.s8_dyt.analyze": "s8_dyt", "experiments.s8_dyt.round2": "s8_dyt/round2",
-            "experiments.s9_scalenorm.analyze": "s9_scalenorm",
-            "experiments.s9_scalenorm.seeds": "s9_scalenorm/seeds", "experiments.s10_mixln.analyze": "s10_mixln",
-            "experiments.s10_mixln.lns": "s10_mixln/lns", "experiments.s10_mixln.lns_why": "s10_mixln/lns_why"}
+ROOT, EXPERIMENTS, STUDIES, BENCHMARKS = layout.ROOT, layout.EXPERIMENTS, layout.STUDIES, layout.BENCHMARKS
+ANALYSES = layout.analyses()  # every round that re-analyzes committed runs, found on disk
+TEXTS = [*EXPERIMENTS.rglob("*.md"), *EXPERIMENTS.rglob("*.py"), *EXPERIMENTS.rglob("*.sh"),
+         *EXPERIMENTS.glob("*.yaml"), ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("configs/experiment/*")]
+DOCUMENTS = [p for p in TEXTS if p.suffix != ".py" and not re.fullmatch(r"(results|verdicts|overflow)\w*\.md", p.name)]
 
 
 def modules() -> list[str]:
     return sorted(m.name for m in pkgutil.walk_packages(experiments.__path__, "experiments."))
 
 
-def test_experiments_is_a_package_of_studies():
+def test_experiments_is_a_package_of_studies_and_benchmarks():
+    """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ...; benchmarks/
+    only folders with a README.md; every folder with Python code is a package; every round and benchmark has its
+    verdict.json."""
     names = modules()
     assert "experiments.common.reference" in names and "experiments.common.study" in names
-    for folder in sorted(p.parent for p in EXPERIMENTS.glob("*/README.md")):
-        assert (folder / "__init__.py").exists(), f"{folder.name} is not a package"
-    assert set(ANALYSES) <= set(names)
+    assert {p.parent for p in EXPERIMENTS.rglob("*.py")} <= {p.parent for p in EXPERIMENTS.rglob("__init__.py")}
+    folders = lambda p: {q.name for q in p.iterdir() if q.is_dir() and q.name != "__pycache__"}  # noqa: E731
+    studies = layout.studies()
+    assert studies and folders(STUDIES) == {s.name for s in studies}
+    assert len({layout.STUDY.fullmatch(s.name).group(1) for s in studies}) == len(studies)  # one study per number
+    for study in studies:
+        rounds = layout.rounds(study)
+        assert [int(layout.ROUND.fullmatch(r.name).group(1)) for r in rounds] == list(range(1, len(rounds) + 1))
+        assert folders(study) == {r.name for r in rounds} and (study / "README.md").exists(), study.name
+        assert {p.name for p in study.iterdir() if p.is_file()} <= {"README.md", "__init__.py"}, study.name
+    assert folders(BENCHMARKS) == {b.name for b in layout.benchmarks()}
+    for folder in [*(r for s in studies for r in layout.rounds(s)), *layout.benchmarks()]:
+        verdict = json.loads((folder / "verdict.json").read_text())
+        assert set(verdict) == {"question", "verdict"} and all(verdict.values()), folder
+
+
+def test_discovery_finds_a_study_added_later(tmp_path):
+    """A new study folder is found without editing a list: studies in the order of their number, rounds in theirs,
+    and a round with analyze.py, runs.jsonl and results.json is an analysis the slow test re-runs."""
+    for rel in ("s10_b/r1_x", "s2_a/r1_x", "s2_a/r2_y", "s11_new/r10_late", "s11_new/r2_more", "notes"):
+        (tmp_path / rel).mkdir(parents=True)
+    for name in ("analyze.py", "runs.jsonl", "results.json"):
+        (tmp_path / "s11_new" / "r2_more" / name).write_text("")
+    (tmp_path / "s2_a" / "r1_x" / "analyze.py").write_text("")  # no committed runs: not an analysis
+    assert [p.name for p in layout.studies(tmp_path)] == ["s2_a", "s10_b", "s11_new"]
+    assert [p.name for p in layout.rounds(tmp_path / "s11_new")] == ["r2_more", "r10_late"]
+    assert layout.analyses(tmp_path) == [tmp_path / "s11_new" / "r2_more"]
+    assert layout.module(STUDIES / "s2_warmup" / "r2_xavier" / "analyze.py") == (
+        "experiments.studies.s2_warmup.r2_xavier.analyze")
+
+
+def test_every_round_with_committed_runs_is_an_analysis():
+    """Discovery cannot miss a round: every committed runs.jsonl sits beside an analyze.py and its results."""
+    assert ANALYSES and {p.parent for p in STUDIES.rglob("runs.jsonl")} == set(ANALYSES)
+    assert {layout.module(a / "analyze.py") for a in ANALYSES} <= set(modules())
 
 
 def test_every_study_module_imports():
@@ -60,9 +88,21 @@ def test_no_sys_path_manipulation_in_experiments():
     assert not offenders
 
 
+def test_index_in_the_readme_is_the_generated_one():
+    """experiments/README.md's table is what python -m experiments.index writes from the verdict.json files: one
+    line per study (every round's verdict in it) and one per benchmark."""
+    readme = (EXPERIMENTS / "README.md").read_text()
+    assert index.current(readme) == index.table(), "run: python -m experiments.index"
+    table = index.table()
+    for folder in [*layout.studies(), *layout.benchmarks()]:  # one line each
+        assert table.count(f"]({folder.relative_to(EXPERIMENTS)}/)") == 1, folder.name
+    assert index.update(readme) == readme
+
+
 def test_documented_commands_name_modules_that_exist():
-    """Every README / shell command of experiments/ runs a module (python -m experiments.x.y), never a path."""
-    texts = {p: p.read_text() for p in [*EXPERIMENTS.rglob("*.md"), *EXPERIMENTS.rglob("*.sh"), ROOT / "README.md"]}
+    """Every command in experiments/, README.md, docs/ and configs/experiment/ runs a module (python -m
+    experiments.x.y) that exists, never a path."""
+    texts = {p: p.read_text() for p in TEXTS}
     by_path = [f"{p.relative_to(ROOT)}: {m}" for p, t in texts.items()
                for m in re.findall(r"(?:python3?|\$PY)\s+experiments/\S+\.py", t)]
     assert not by_path
@@ -70,37 +110,88 @@ def test_documented_commands_name_modules_that_exist():
     assert named and not [m for m in named if importlib.util.find_spec(m) is None]
 
 
+def test_documented_paths_and_links_exist():
+    """Every experiments/... path a document or docstring names exists down to its round or benchmark (results
+    folders a script writes later may not), and every relative markdown link resolves."""
+    missing = []
+    for path in TEXTS:
+        text = path.read_text()
+        for mention in re.findall(r"experiments/[\w./-]*\w", text):
+            parts = mention.split("/")
+            if not ROOT.joinpath(*parts[:4 if parts[1:2] == ["studies"] else 3]).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {mention}")
+        if path.suffix == ".md":
+            for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+                if not re.match(r"\w+://", link) and not (path.parent / link).exists():
+                    missing.append(f"{path.relative_to(ROOT)}: ({link})")
+    assert not missing
+
+
+def test_experiments_cite_only_what_the_repository_holds():
+    """No document of experiments/ points at notes a reader of the repository cannot open, and none has runs of
+    blank lines."""
+    cited = re.compile(r"EXPERIMENTS\.md|shared/|KERNELS\.md|seeds/0\d|[Ii]ssues? \d|/work/\.library|device tool|"
+                       r"KINDS\.md|METHOD\.md|seed notes")
+    found = [f"{p.relative_to(EXPERIMENTS)}: {m}" for p in TEXTS if EXPERIMENTS in p.parents
+             for m in cited.findall(p.read_text())]
+    assert not found
+    assert not [p for p in DOCUMENTS if EXPERIMENTS in p.parents and "\n\n\n" in p.read_text()]
+
+
 def _normalized(path: Path, committed_machine: str) -> str:
     """A written result with this machine's description replaced by the committed one's."""
     return path.read_text().replace(machine(), committed_machine)
 
 
-def _same_as_committed(folder: str, out: Path) -> None:
-    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the study commits them."""
-    committed = EXPERIMENTS / folder
+def _same_as_committed(committed: Path, out: Path) -> None:
+    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the round commits them."""
     committed_machine = json.loads((committed / "results.json").read_text())["machine"]
     names = ["results.json", "results.md", *(n for n in ("verdicts.json", "verdicts.md") if (committed / n).exists())]
     for name in names:
-        assert _normalized(out / name, committed_machine) == (committed / name).read_text(), f"{folder}/{name}"
+        assert _normalized(out / name, committed_machine) == (committed / name).read_text(), committed / name
 
 
-@pytest.mark.parametrize("module", ["experiments.s7_depth.warmup", "experiments.s2_warmup.xavier"])
-def test_analysis_regenerates_the_committed_results(module, tmp_path, monkeypatch):
-    """Two cheap analyses run as `python -m <module>` (here in-process, as runpy runs -m) from the committed runs:
-    the same results.json and results.md (xavier goes through the shared CLI, study.analysis_main)."""
+def _smallest(n: int) -> list[Path]:
+    """The n analyses with the least committed data: the cheap ones the default suite regenerates."""
+    return sorted(ANALYSES, key=lambda a: sum((a / f).stat().st_size for f in ("runs.jsonl", "curves.json")))[:n]
+
+
+def _id(folder: Path) -> str:
+    return str(folder.relative_to(STUDIES))
+
+
+@pytest.mark.parametrize("folder", _smallest(2), ids=_id)
+def test_analysis_regenerates_the_committed_results(folder, tmp_path, monkeypatch):
+    """The cheapest analyses run as `python -m <module>` (here in-process, as runpy runs -m) from the committed
+    runs: the same results.json and results.md."""
+    module = layout.module(folder / "analyze.py")
     monkeypatch.setattr(sys, "argv", [module, "--out", str(tmp_path)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "found in sys.modules": imported by another test
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    _same_as_committed(ANALYSES[module], tmp_path)
+    _same_as_committed(folder, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", sorted(ANALYSES))
-def test_every_analysis_regenerates_the_committed_results(module, tmp_path):
-    subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=300,
+@pytest.mark.parametrize("folder", ANALYSES, ids=_id)
+def test_every_analysis_regenerates_the_committed_results(folder, tmp_path):
+    subprocess.run([sys.executable, "-m", layout.module(folder / "analyze.py"), "--out", str(tmp_path)], cwd=ROOT,
+                   check=True, timeout=300, capture_output=True)
+    _same_as_committed(folder, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("committed", sorted(STUDIES.glob("s6_cost/r*/quality.json")), ids=lambda p: p.parent.name)
+def test_s6_quality_reanalysis_regenerates_the_committed_results(committed, tmp_path):
+    """S6's quality rounds keep their runs in quality.json: `quality --reanalyze` writes the same JSON and the same
+    quality_verdicts/ folder."""
+    subprocess.run([sys.executable, "-m", "experiments.studies.s6_cost.r1_cost.quality", "--reanalyze",
+                    str(committed), "--out", str(tmp_path / "quality.json")], cwd=ROOT, check=True, timeout=300,
                    capture_output=True)
-    _same_as_committed(ANALYSES[module], tmp_path)
+    assert (tmp_path / "quality.json").read_text() == committed.read_text()
+    for file in ("verdicts.json", "verdicts.md"):
+        again, before = tmp_path / "quality_verdicts" / file, committed.parent / "quality_verdicts" / file
+        assert again.read_text() == before.read_text()
 
 
 # Every interval, test and verdict of a study comes from minillm.verdicts / minillm.compare: no module under
@@ -175,18 +266,19 @@ def test_reference_loop_is_built_from_the_configs():
 
 @pytest.mark.slow
 def test_reference_loop_reproduces_the_committed_calibration():
-    """The reference arm's first steps match the committed calibration run (python -m experiments.calibration.run
-    --check): the loop trains the same model as when the calibration was measured."""
-    subprocess.run([sys.executable, "-m", "experiments.calibration.run", "--check", "20"], cwd=ROOT, check=True,
-                   timeout=600)
+    """The reference arm's first steps match the committed calibration run (python -m
+    experiments.benchmarks.calibration.run --check): the loop trains the same model as when the calibration was
+    measured."""
+    subprocess.run([sys.executable, "-m", "experiments.benchmarks.calibration.run", "--check", "20"], cwd=ROOT,
+                   check=True, timeout=600)
 
 
 def test_independent_loop_imports_nothing_from_minillm_and_trains(tmp_path):
-    """experiments/calibration/nanogpt_loop.py, as independent.py runs it (a file, not a module of the package):
-    no minillm module is loaded, its first losses are near ln(vocab) and fall on a repetitive text."""
+    """experiments/benchmarks/calibration/nanogpt_loop.py, as independent.py runs it (a file, not a module of the
+    package): no minillm module is loaded, its first losses are near ln(vocab) and fall on a repetitive text."""
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be, that is the question. " * 200)
-    script = EXPERIMENTS / "calibration" / "nanogpt_loop.py"
+    script = BENCHMARKS / "calibration" / "nanogpt_loop.py"
     code = (f"import runpy, sys; runpy.run_path({str(script)!r}, run_name='__main__'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('minillm', 'experiments')))")
     args = ["--text", str(text), "--out", str(tmp_path / "r.json"), "--steps", "30", "--eval-every", "30",
@@ -202,7 +294,7 @@ def test_independent_loop_imports_nothing_from_minillm_and_trains(tmp_path):
 
 def test_independent_loop_has_the_default_models_size():
     """The loop's default sizes are train.py's default model: the same parameter count (826,496)."""
-    from experiments.calibration import nanogpt_loop
+    from experiments.benchmarks.calibration import nanogpt_loop
     from minillm.model import Transformer
     from minillm.run.build import model_config
 
@@ -211,352 +303,10 @@ def test_independent_loop_has_the_default_models_size():
     assert sum(p.numel() for p in loop.parameters()) == sum(p.numel() for p in ours.parameters()) == 826_496
 
 
-def test_s6_quality_rules():
-    """Both rounds' committed numbers come back from their runs; round 2's paired interval decides as written."""
-    from experiments.s6_cost import quality
-
-    for name in ("quality.json", "quality_seeds10.json"):
-        committed = json.loads((EXPERIMENTS / "s6_cost" / name).read_text())
-        again = quality.analyze(committed["runs"], committed["seeds"])
-        assert again == {k: committed[k] for k in again}, name
-        assert quality.verdicts(committed)["comparisons"][0]["verdict"] == committed["engine_verdict"]
-
-    def verdict(diffs):
-        runs = [dict(norm=n, seed=s, final_val_loss=2.0 + 0.01 * (s % 3) + (d if n == "rmsnorm" else 0.0))
-                for s, d in enumerate(diffs) for n in quality.NORMS]
-        return quality.analyze(runs, list(range(len(diffs))))["verdict"]
-
-    assert verdict([0.001, -0.002, 0.003, -0.001, 0.0]) == "parity"
-    assert verdict([-0.05, -0.06, -0.04, -0.05]) == "difference: rmsnorm better"
-    assert verdict([0.004, 0.006, 0.005, 0.005]) == "parity (a difference inside the margin: layernorm better)"
-    assert verdict([0.05, -0.06, 0.04, -0.03]) == "inconclusive"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["quality", "quality_seeds10"])
-def test_s6_quality_reanalysis_regenerates_the_committed_results(name, tmp_path):
-    """python -m experiments.s6_cost.quality --reanalyze: the committed JSON and its _verdicts/ folder again."""
-    committed = EXPERIMENTS / "s6_cost"
-    subprocess.run([sys.executable, "-m", "experiments.s6_cost.quality", "--reanalyze", str(committed / f"{name}.json"),
-                    "--out", str(tmp_path / f"{name}.json")], cwd=ROOT, check=True, timeout=300, capture_output=True)
-    assert (tmp_path / f"{name}.json").read_text() == (committed / f"{name}.json").read_text()
-    for file in ("verdicts.json", "verdicts.md"):
-        assert (tmp_path / f"{name}_verdicts" / file).read_text() == (committed / f"{name}_verdicts" / file).read_text()
-
-
 def test_calibration_judgement_comes_back_from_the_committed_runs():
     """The independent calibration's committed judgement (with Welch's interval) from its committed pairs."""
-    from experiments.calibration import independent
+    from experiments.benchmarks.calibration import independent
 
     committed = json.loads(independent.RESULTS.read_text())
     assert independent.judge(committed["pairs"]) == committed["verdict"]
     assert committed["verdict"]["within_target"] and committed["verdict"]["engine_verdict"] == "equivalent"
-
-
-def test_s8_dyt_rules():
-    """S8's pre-registered rules on made-up runs: parity, the alpha0-lr interaction and the budget growth."""
-    from experiments.common.study import Runs
-    from experiments.s8_dyt import analyze as s8
-
-    def run(norm, lr, seed, steps, loss, a0=None):
-        opts = {"alpha0": a0} if norm == "dyt" else {}
-        return {"norm": norm, "lr": lr, "seed": seed, "max_steps": steps, "final_val_loss": loss, "diverged": False,
-                "loss_init": 4.2, "norm_options": opts, "curves": {}}
-
-    def runs(gap_short, gap_long, best_at_high_lr):
-        out = []
-        for seed in s8.SEEDS:
-            for lr in s8.LRS:
-                out.append(run("rmsnorm", lr, seed, s8.SHORT, 2.0))
-                best = best_at_high_lr if lr == max(s8.LRS) else max(s8.ALPHA0)
-                slope = 0.5 if lr == max(s8.LRS) else 0.01
-                out += [run("dyt", lr, seed, s8.SHORT, 2.0 + gap_short + slope * abs(math.log(a / best)), a)
-                        for a in s8.ALPHA0]
-            out.append(run("rmsnorm", s8.LONG_LR, seed, s8.LONG, 1.5))
-            out.append(run("dyt", s8.LONG_LR, seed, s8.LONG, 1.5 + gap_long + 0.001 * seed, max(s8.ALPHA0)))
-        return Runs(out)
-
-    res, md = s8.analyze(runs(0.01, 0.02, min(s8.ALPHA0)))
-    assert (res["h1"]["verdict"], res["h2"]["verdict"], res["h3"]["verdict"]) == ("confirmed", "confirmed",
-                                                                                 "confirmed")
-    assert res["h1"]["long_alpha0"] == max(s8.ALPHA0) and "**confirmed**" in md
-    res, _ = s8.analyze(runs(0.05, 0.2, max(s8.ALPHA0)))
-    assert (res["h1"]["verdict"], res["h2"]["verdict"], res["h3"]["verdict"]) == ("not at this scale", "partly",
-                                                                                 "confirmed")
-    res, _ = s8.analyze(runs(0.08, 0.0, max(s8.ALPHA0)))
-    assert (res["h1"]["verdict"], res["h3"]["verdict"]) == ("partly", "contradicted")
-
-
-def test_s5_growth_shape_and_rules():
-    """S5 round 2's pre-registered measures on made-up residual profiles: the shape fit tells exponential from
-    linear growth, and the verdicts follow the rules."""
-    from experiments.common.study import Runs
-    from experiments.s5_precision import growth as g
-
-    assert g.shape([1.2 ** i for i in range(24)]) == "exponential"
-    assert g.shape([1 + 0.5 * i for i in range(24)]) == "linear"
-    assert g.shape([1.0] * 6) == "either"
-
-    def run(placement, L, seed, end, early, loss, tune=False):
-        curves = {f"layer/{i}/resid_rms": [(g.EARLY, early(i)), (400, end(i))] for i in range(L)}
-        return {"placement": placement, "n_layers": L, "seed": seed, "lr": 3e-3, "final_val_loss": loss,
-                "diverged": False, "loss_init": 4.5, "tags": ["growth_tune" if tune else f"growth_{placement}"],
-                "curves": curves}
-
-    def runs(pre_rate):
-        out = [run(p, g.TUNE_DEPTH, g.TUNE_SEED, lambda i: 1.0, lambda i: 1.0, 2.5, tune=True) for p in g.PLACEMENTS]
-        for L in g.DEPTHS:
-            for s in g.SEEDS:
-                out.append(run("pre", L, s, lambda i: pre_rate ** i, lambda i: 1 + 0.01 * i, 2.10))
-                out.append(run("peri", L, s, lambda i: 1 + 0.1 * i, lambda i: 1 + 0.1 * i, 2.05))
-                out.append(run("post", L, s, lambda i: 1.0 + 0.001 * i, lambda i: 1.0, 2.2))
-        return Runs(out)
-
-    res, md = g.analyze(runs(1.2))
-    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
-    assert verdicts == {"G1": "confirmed", "G2": "confirmed", "G3": "confirmed", "G4": "confirmed", "L": "confirmed",
-                        "control": "holds"}, md
-    res, _ = g.analyze(runs(1.0))  # Pre-LN flat: nothing grows
-    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
-    assert verdicts["G1"] == verdicts["G2"] == verdicts["G4"] == "not at this scale" and verdicts["G3"] == "partly"
-
-
-def test_s4_round2_rules():
-    """S4 round 2's pre-registered rules on made-up runs: fluctuation against the sampling null, PowerNorm
-    against LayerNorm at both batch sizes."""
-    from experiments.common.study import Runs
-    from experiments.s4_batchnorm import round2 as s4
-    from minillm.callbacks import bn_sampling_null
-
-    def run(norm, batch, seed, loss, z_ratio=1.0, failed=False):
-        curves = {}
-        if norm == "batchnorm":
-            null = bn_sampling_null(batch, s4.MOMENTUM)
-            curves = {"norm/layers.0.attn_norm/bn_mean_z": [(300, z_ratio * null[0])],
-                      "norm/layers.0.attn_norm/bn_var_z": [(300, null[1])]}
-        return {"norm": norm, "batch_size": batch, "seed": seed, "max_steps": 400, "final_val_loss": loss,
-                "diverged": False, "status": "completed", "unigram_loss": 3.0 if not failed else 1.0,
-                "curves": curves}
-
-    def runs(z_small, pn_small, pn_fail):
-        out = []
-        for seed in range(3):
-            out += [run("batchnorm", 4, seed, 3.5, z_small, failed=True), run("batchnorm", 64, seed, 1.9, 1.1),
-                    run("layernorm", 4, seed, 2.35 + 0.005 * seed), run("layernorm", 64, seed, 1.87),
-                    run("powernorm", 4, seed, pn_small, failed=pn_fail), run("powernorm", 64, seed, 1.88)]
-        return Runs(out)
-
-    res, md = s4.analyze(runs(3.0, 2.37, False))
-    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
-    assert verdicts == {"F": "partly", "P1": "confirmed", "P2": "confirmed", "replication": "reproduced"}, md
-    res, _ = s4.analyze(runs(1.2, 2.6, False))
-    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
-    assert (verdicts["F"], verdicts["P2"]) == ("not at this scale", "partly")
-    res, _ = s4.analyze(runs(1.2, 2.6, True))
-    assert res["verdicts"]["P2"][0] == "not at this scale"
-
-
-def test_s9_scalenorm_rules():
-    """S9's pre-registered rules on made-up runs: warmup-free training per norm, and the paired parity interval."""
-    from experiments.common.study import Runs
-    from experiments.s9_scalenorm import analyze as s9
-
-    def runs(no_warmup_cost, scale_minus_ln):
-        out = []
-        for norm in s9.NORMS:
-            for w in s9.WARMUPS:
-                for lr in (1e-3, 3e-3, 1e-2):
-                    for seed in range(4):
-                        loss = 2.0 + abs(math.log10(lr / 3e-3)) * 0.1 + (0 if w else no_warmup_cost) + 0.003 * seed
-                        loss += (scale_minus_ln + 0.002 * (seed % 2)) if norm == "scalenorm" else 0.0
-                        out.append({"norm": norm, "warmup_steps": w, "lr": lr, "seed": seed, "final_val_loss": loss,
-                                    "diverged": False, "status": "completed", "unigram_loss": 3.2, "loss_init": 4.5,
-                                    "curves": {}})
-        return Runs(out)
-
-    res, md = s9.analyze(runs(0.01, -0.01))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"W": "confirmed", "S": "confirmed (better)"}, md
-    res, _ = s9.analyze(runs(0.2, 0.1))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"W": "not at this scale", "S": "contradicted"}
-
-
-def test_s9_seeds_rules():
-    """S9 round 2: S re-judged over seeds 0-15 of the one cell; other cells and seeds are ignored."""
-    from experiments.common.study import Runs
-    from experiments.s9_scalenorm import seeds
-
-    def runs(gap, noise):
-        out = []
-        for norm in ("layernorm", "scalenorm"):
-            for lr, seed in [(seeds.LR, s) for s in range(20)] + [(1e-3, 0)]:
-                loss = 2.0 + (gap + noise * (-1) ** seed if norm == "scalenorm" else 0.0) + (lr != seeds.LR)
-                out.append({"norm": norm, "warmup_steps": seeds.WARMUP, "lr": lr, "seed": seed,
-                            "final_val_loss": loss, "diverged": False, "status": "completed", "unigram_loss": 3.2,
-                            "loss_init": 4.5, "curves": {}})
-        return Runs(out)
-
-    res, md = seeds.analyze(runs(0.005, 0.002))
-    assert res["verdict"] == "confirmed" and res["excludes_zero"] and res["seeds"] == list(range(16)), md
-    assert seeds.analyze(runs(-0.01, 0.002))[0]["verdict"] == "confirmed (better)"
-    assert seeds.analyze(runs(0.05, 0.002))[0]["verdict"] == "contradicted"
-    res, _ = seeds.analyze(runs(0.0, 0.05))
-    assert res["verdict"] == "unresolved" and not res["excludes_zero"]
-
-
-def test_s10_lns_why_rules():
-    """S10 round 3's pre-registered rules on made-up runs and measures; the deep input scale from a real model."""
-    from experiments.common.study import Runs
-    from experiments.s10_mixln import lns_why
-    from minillm.model import ModelConfig, Transformer
-
-    def runs(unscaled_gap, long_gap, lns_scale):
-        out = []
-        for tags, gap in (([], 0.16), (["unscaled"], unscaled_gap), (["long"], long_gap)):
-            for lns in (False, True):
-                for seed in (0, 1):
-                    drop = [0.02] * 12 + [0.01 if not lns else 0.01 * (0.8 if unscaled_gap < 0.05 else 0.1)] * 12
-                    scale = lns_scale if lns else 1.0
-                    out.append({"placement": "pre", "tags": tags + (["lns"] if lns else []), "seed": seed,
-                                "n_layers": 24, "final_val_loss": 2.2 + (gap if lns else 0.0), "diverged": False,
-                                "status": "completed", "loss_init": 4.5, "unigram_loss": 3.3, "curves": {},
-                                "measures": {"drop": drop, "deep_input_scale": scale}})
-        return Runs(out)
-
-    res, md = lns_why.analyze(runs(0.02, 0.05, 0.3))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"R1": "confirmed", "R2": "confirmed",
-                                                               "R3": "confirmed"}, md
-    res, _ = lns_why.analyze(runs(0.15, 0.15, 0.9))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"R1": "not at this scale", "R2": "not at this scale",
-                                                               "R3": "not at this scale"}
-    cfg = dict(vocab_size=16, dim=8, n_layers=4, n_heads=2, max_seq_len=8)
-    plain, scaled = Transformer(ModelConfig(**cfg)), Transformer(ModelConfig(**cfg, layernorm_scaling=True))
-    assert lns_why.deep_input_scale(plain) == pytest.approx(1.0)  # gains start at 1
-    assert lns_why.deep_input_scale(scaled) == pytest.approx((3 ** -0.5 + 4 ** -0.5) / 2)  # blocks 3 and 4
-
-
-def test_s3_olmo2_rules():
-    """S3 round 2's pre-registered rules on made-up runs: sensitivity on seed means and per seed, stable lr."""
-    from experiments.common.study import Runs
-    from experiments.s3_lr_sensitivity import olmo2
-
-    lrs = (1e-3, 1e-2, 1e-1)
-
-    def runs(olmo_slope):
-        out = []
-        for placement, qk in (olmo2.BASELINE, *olmo2.PARTS.values(), olmo2.OLMO2):
-            slope = olmo_slope if (placement, qk) == olmo2.OLMO2 else 1.0
-            for lr in lrs:
-                for seed in (0, 1):
-                    loss = 2.0 + slope * abs(math.log10(lr / 1e-3)) * (1 + 0.1 * seed)
-                    out.append({"placement": placement, "qk_norm": qk, "lr": lr, "seed": seed,
-                                "final_val_loss": loss, "diverged": False, "status": "completed", "loss_init": 4.5,
-                                "unigram_loss": 3.5, "curves": {}})
-        return Runs(out)
-
-    res, md = olmo2.analyze(runs(0.5))
-    verdicts = {k: v for k, (v, _) in res["verdicts"].items()}
-    assert verdicts["O1"] == "confirmed" and verdicts["O3"] == "confirmed" and verdicts["O4"] == "confirmed", md
-    assert verdicts["O2 branch alone"] == "does not lower"
-    res, _ = olmo2.analyze(runs(0.9))
-    assert res["verdicts"]["O1"][0] == "not at this scale" and res["verdicts"]["O3"][0] == "not at this scale"
-
-
-def test_s10_mixln_rules():
-    """S10's pre-registered rules on made-up runs: gradient tilt, deep-layer importance and loss."""
-    from experiments.common.study import Runs
-    from experiments.s10_mixln import analyze as s10
-
-    assert s10.tilt([4, 4, 3, 2, 1, 1, 1, 1]) == pytest.approx(4.0)
-
-    def run(placement, L, seed, grad, drop, loss):
-        curves = {f"layer/{i}/grad_norm": [(300, grad(i)), (400, grad(i))] for i in range(L)}
-        return {"placement": placement, "n_layers": L, "seed": seed, "final_val_loss": loss, "diverged": False,
-                "curves": curves, "layer_drop": {"loss": loss, "drop": [drop(i) for i in range(L)]}}
-
-    shapes = {"pre": (lambda i: 1.0 / (1 + i), lambda i: 0.01, 2.10),
-              "post": (lambda i: 0.1 * (1 + i), lambda i: 0.05, 2.20),
-              "mix": (lambda i: 1.0, lambda i: 0.03, 2.05)}
-    runs = Runs(run(p, L, s, *shapes[p]) for p in s10.PLACEMENTS for L in s10.DEPTHS for s in (0, 1))
-    res, md = s10.analyze(runs)
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"M1": "confirmed", "M2": "confirmed",
-                                                              "M3": "confirmed"}, md
-    shapes["mix"] = (lambda i: 1.0 / (1 + i), lambda i: 0.01, 2.11)  # Mix-LN behaves as Pre-LN
-    res, _ = s10.analyze(Runs(run(p, L, s, *shapes[p]) for p in s10.PLACEMENTS for L in s10.DEPTHS for s in (0, 1)))
-    assert res["verdicts"]["M1"][0] == "partly" and res["verdicts"]["M2"][0] == res["verdicts"]["M3"][0] == (
-        "not at this scale")
-
-
-def test_s10_lns_rules():
-    """S10 round 2's pre-registered rules on made-up runs: LayerNorm Scaling against Pre-LN."""
-    from experiments.common.study import Runs
-    from experiments.s10_mixln import lns
-
-    def run(placement, L, seed, resid, drop, loss, tags=()):
-        curves = {f"layer/{i}/resid_rms": [(400, resid(i))] for i in range(L)}
-        curves |= {f"layer/{i}/grad_norm": [(400, 1.0)] for i in range(L)}
-        return {"placement": placement, "n_layers": L, "seed": seed, "final_val_loss": loss, "diverged": False,
-                "tags": list(tags), "curves": curves, "layer_drop": {"loss": loss, "drop": [drop] * L}}
-
-    def runs(lns_growth, lns_drop, lns_loss):
-        out = []
-        for L in (12, 24):
-            for s in (0, 1):
-                out += [run("pre", L, s, lambda i: 1.2 ** i, 0.01, 2.10),
-                        run("mix", L, s, lambda i: 1.0, 0.02, 2.08),
-                        run("pre", L, s, lambda i: lns_growth ** i, lns_drop, lns_loss, tags=["lns"])]
-        return Runs(out)
-
-    res, md = lns.analyze(runs(1.05, 0.02, 2.05))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"C1": "confirmed", "C2": "confirmed",
-                                                              "C3": "confirmed"}, md
-    res, _ = lns.analyze(runs(1.2, 0.01, 2.10))
-    assert {v for v, _ in res["verdicts"].values()} == {"not at this scale"}
-
-
-def test_s8_round2_rules():
-    """S8 round 2's pre-registered rules on made-up runs: the alpha0 bracket and the unit-scale-input gap."""
-    from experiments.common.study import Runs
-    from experiments.s8_dyt import analyze as s8
-    from experiments.s8_dyt import round2
-
-    def run(norm, lr, seed, loss, a0=None, tags=()):
-        return {"norm": norm, "lr": lr, "seed": seed, "max_steps": s8.SHORT, "final_val_loss": loss,
-                "diverged": False, "loss_init": 4.5, "norm_options": {"alpha0": a0} if norm == "dyt" else {},
-                "tags": list(tags)}
-
-    def runs(best_a0, xavier_gap):
-        out = [run("dyt", lr, s, 2.0 + abs(math.log(a / best_a0)), a) for lr in s8.LRS for s in s8.SEEDS
-               for a in (*round2.SMALL_ALPHA0, *s8.ALPHA0)]
-        out += [run("dyt", round2.LR, s, 2.0 + xavier_gap + 0.1 * abs(math.log(a / 0.25)), a, ["xavier"])
-                for s in s8.SEEDS for a in round2.XAVIER_ALPHA0]
-        out += [run("rmsnorm", round2.LR, s, 2.0, tags=["xavier"]) for s in s8.SEEDS]
-        return Runs(out)
-
-    res, md = round2.analyze(runs(0.1, 0.05))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"D1": "bracketed", "D2": "confirmed"}, md
-    res, _ = round2.analyze(runs(0.05, 0.5))
-    assert {k: v for k, (v, _) in res["verdicts"].items()} == {"D1": "not bracketed", "D2": "partly"}
-    res, _ = round2.analyze(runs(0.05, 0.8))
-    assert res["verdicts"]["D2"][0] == "not at this scale"
-
-
-def test_s2_xavier_rules():
-    """S2 round 2's pre-registered rules on made-up runs: Post-LN needs warmup, Pre-LN does not."""
-    from experiments.common.study import Runs
-    from experiments.s2_warmup import xavier
-
-    def runs(post_cold_penalty, pre_cold_penalty):
-        out = []
-        for p, penalty in (("pre", pre_cold_penalty), ("post", post_cold_penalty)):
-            for lr in (1e-3, 3e-3, 1e-2):
-                for w in (0, xavier.WARMUP):
-                    for s in range(3):
-                        loss = 2.0 + 0.01 * s + (penalty * (lr == 1e-2) if w == 0 else 0.0)
-                        out.append({"placement": p, "lr": lr, "warmup_steps": w, "seed": s, "final_val_loss": loss,
-                                    "diverged": False, "status": "completed", "unigram_loss": 3.2, "loss_init": 4.5})
-        return Runs(out)
-
-    res, md = xavier.analyze(runs(0.3, 0.01))
-    assert res["verdicts"]["overall"][0] == "confirmed", md
-    assert xavier.analyze(runs(0.3, 0.2))[0]["verdicts"]["overall"][0] == "partly"
-    assert xavier.analyze(runs(0.01, 0.2))[0]["verdicts"]["overall"][0] == "not at this scale"

@@ -496,11 +496,12 @@ def test_compile_fullgraph_inductor():
 
 @pytest.mark.slow
 def test_benchmark_smoke(tmp_path):
-    """kernel_bench --smoke runs end to end on the CPU (kernels, tune, train) into a chosen folder; a second
+    """The kernel benchmark's --smoke runs end to end on the CPU (kernels, tune, train) into a chosen folder; a second
     run merges by key instead of overwriting."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.kernel_bench.bench", "--smoke", "--no-compile",
-                                     "--out", str(tmp_path), *a], check=True, timeout=900, env=env, cwd=ROOT)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.benchmarks.kernels.bench", "--smoke",  # noqa: E731
+                                     "--no-compile", "--out", str(tmp_path), *a], check=True, timeout=900, env=env,
+                                    cwd=ROOT)
     run()
     run("--mode", "tune")
     run("--mode", "kernels", "--providers", "fused", "--hidden", "32")
@@ -520,7 +521,7 @@ def _load(path: Path):
 
 def test_benchmark_report_judges_targets():
     """report.py: merge by key, PASS/FAIL with margins on the targets, FAIL cells for errors."""
-    R = _load(ROOT / "experiments" / "kernel_bench" / "report.py")
+    R = _load(ROOT / "experiments" / "benchmarks" / "kernels" / "report.py")
     row = lambda prov, fwd, fb, **kw: dict(provider=prov, M=16384, hidden=4096, fwd_ms=fwd, fwdbwd_ms=fb,  # noqa: E731
                                           fwd_frac=kw.pop("frac", 0.5), fwd_gbps=1000.0, **kw)
     fused = row("fused", 1.0, 2.0, frac=0.93, bwd_frac=0.7, bwd_gbps=2000.0, matches_eager=True,
@@ -546,8 +547,8 @@ def test_benchmarks_import_without_hydra_datasets_wandb():
             "    spec = importlib.util.spec_from_file_location(path.replace('/', '_')[:-3], path)\n"
             "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
             "assert not [m for m in ('datasets', 'hydra', 'omegaconf', 'wandb') if sys.modules.get(m)]\n")
-    scripts = ["experiments/kernel_bench/bench.py", "experiments/kernel_bench/report.py",
-               "experiments/throughput/bench.py", "experiments/gpu/merge.py", "experiments/gpu/preset.py"]
+    scripts = [f"experiments/benchmarks/{s}.py" for s in ("kernels/bench", "kernels/report", "throughput/bench",
+                                                          "gpu/merge", "gpu/preset")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code, *scripts], cwd=ROOT, env=env, timeout=300,
                          capture_output=True, text=True)

@@ -8,7 +8,7 @@ loss over the validated targets; this script gives the committed runs that value
 ``unigram_loss_split``, so each study's analysis re-scores them by the same rule as new runs:
 
     python -m experiments.common.rescore            # rewrites the runs.jsonl below, once
-    python -m experiments.s2_warmup.analyze         # and every study's analysis again
+    python -m experiments.studies.s2_warmup.r1_grid.analyze         # and every study's analysis again
 
 Nothing else in a record changes (the losses are the runs' own); a file already re-scored is left as it is.
 """
@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from experiments.common.layout import ROOT, STUDIES
 from minillm.data import TextDataModule
 
-HERE = Path(__file__).resolve().parents[1]
-STUDIES = ["s2_warmup", "s3_lr_sensitivity", "s4_batchnorm", "s5_precision", "s7_depth", "s7_depth/warmup",
-           "s7_depth/output_change"]
+# the rounds recorded before the correction (every later round records the validated targets' unigram loss)
+RESCORED = ["s2_warmup/r1_grid", "s3_lr_sensitivity/r1_grid", "s4_batchnorm/r1_grid", "s5_precision/r1_precision",
+            "s7_depth/r1_ladder", "s7_depth/r2_output_change", "s7_depth/r3_warmup"]
 WHOLE_SPLIT = 3.2771702797102744  # the recorded value: Shakespeare, char, val_fraction 0.1, every val token
 VAL_WINDOWS = 128  # configs/experiment/cpu_study.yaml, the base of every study above
 
@@ -48,9 +49,9 @@ def rescore(path: Path) -> int:
 
 
 def main() -> None:
-    for study in STUDIES:
-        path = HERE / study / "runs.jsonl"
-        print(f"{path.relative_to(HERE.parent)}: {rescore(path)} records re-scored")
+    for study in RESCORED:
+        path = STUDIES / study / "runs.jsonl"
+        print(f"{path.relative_to(ROOT)}: {rescore(path)} records re-scored")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The first run on a CUDA GPU: four steps, each under 9 minutes on an H100, run back to back (README.md).
+#
+#   bash experiments/benchmarks/gpu/plan.sh tests    # GPU tests (pytest -m gpu + the kernel suite on CUDA), sm_90
+#                                                    # compile report, one-pass backward tunables (--mode tune)
+#   bash experiments/benchmarks/gpu/plan.sh kernels  # kernel sweep: fused vs eager, F.rms_norm, torch.compile, Liger
+#   bash experiments/benchmarks/gpu/plan.sh train    # ~125M train step, rmsnorm vs fused_rmsnorm, eager and compiled
+#   bash experiments/benchmarks/gpu/plan.sh preset   # train.py trainer=gpu model=gpt125m, stability callbacks on/off
+#   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
+#
+# Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
+# in one folder). `kernels` and `preset` install the wheels of scripts/wheelhouse.sh from ./wheelhouse (copied
+# along with the checkout) into /tmp/site. Afterwards, on any machine with the checkout:
+# python -m experiments.benchmarks.gpu.merge $OUT. The scripts run as modules from the repository root.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+STEP=${1:?usage: plan.sh tests|kernels|train|preset [--dry-run]}
+DRY=$([ "${2:-}" = "--dry-run" ] && echo 1 || true)
+OUT=${OUT:-/tmp/minillm-gpu/$STEP}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+[ -n "$DRY" ] && export TRITON_INTERPRET=1
+SMOKE=${DRY:+--smoke}
+status=0
+step() {  # step SECONDS LOGNAME COMMAND...: run with a time limit, log to $OUT, remember a failure
+  local limit=$1 name=$2; shift 2
+  echo "== $(date +%T) $* (limit ${limit}s)" | tee -a "$OUT/$name.log"
+  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { echo "== exit $rc: $*" | tee -a "$OUT/$name.log"; status=1; }
+}
+wheels() {  # the wheelhouse copied with the checkout into /tmp/site (the machine's Python stays untouched)
+  [ -z "$DRY" ] || { echo "dry run: the wheelhouse is not installed (this Python has what it needs)"; return; }
+  [ -d wheelhouse ] || { echo "no ./wheelhouse: run scripts/wheelhouse.sh on a machine with network and copy ./wheelhouse here" | tee -a "$OUT/$STEP.log"; return; }
+  TARGET=/tmp/site PYTHON=$PY bash scripts/setup.sh --offline wheelhouse 2>&1 | tail -12 | tee -a "$OUT/$STEP.log"
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+}
+
+case $STEP in
+  tests)
+    { date; nvidia-smi 2>&1 | head -20; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
+torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
+and torch.cuda.get_device_name())"; $PY -m pip list 2>/dev/null | grep -i -E "^(lightning|torch|triton|liger)"; } \
+      > "$OUT/env.txt" 2>&1
+    step 60 compile_check env -u TRITON_INTERPRET $PY -m minillm.kernels.compile_check --all
+    mv "$OUT/compile_check.log" "$OUT/compile_check.txt"
+    step 300 tests $PY -m pytest tests/test_kernels.py -m "gpu or not slow" -q -rfEs -p no:cacheprovider \
+      --junitxml="$OUT/tests.xml"
+    step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
+  kernels)
+    wheels
+    step 500 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels --out "$OUT" $SMOKE \
+      ${DRY:+--no-compile} ;;
+  train)
+    step 260 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile}
+    if [ -n "$DRY" ]; then
+      step 200 train $PY -m experiments.benchmarks.throughput.bench --smoke --out "$OUT/throughput-dry-run.json"
+    else
+      step 240 train $PY -m experiments.benchmarks.throughput.bench --gpu --out "$OUT"
+    fi ;;
+  preset)
+    wheels
+    step 480 preset $PY -m experiments.benchmarks.gpu.preset --out "$OUT" ${DRY:+--dry-run} ;;
+  *) echo "unknown step $STEP: tests | kernels | train | preset" >&2; exit 2 ;;
+esac
+echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"
+exit $status

@@ -1,1 +1,0 @@
-"""The seed notes' own comparisons, measured (README.md)."""

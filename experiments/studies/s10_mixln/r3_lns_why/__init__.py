@@ -1,0 +1,1 @@
+"""S10 round 3: why LayerNorm Scaling loses here (pre-registered)."""

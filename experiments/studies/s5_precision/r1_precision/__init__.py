@@ -1,0 +1,1 @@
+"""S5 round 1: fp16 overflow in a norm (unit level), and training per placement x precision."""
