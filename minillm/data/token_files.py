@@ -29,7 +29,7 @@ COPY = 1 << 24  # tokens per chunk when moving the held-out tail
 def auto_num_proc(ds: datasets.Dataset | datasets.IterableDataset, threaded: bool) -> int:
     """Tokenizing processes when data.num_proc is not set: 1 for a stream, a small corpus, or a Hugging Face
     tokenizer (``threaded``: its encode_batch already runs on every core, and forked workers, one thread each,
-    were slower: 0.66M vs 0.48-0.56M tokens/s on 2 cores, experiments/data_bench); else the cores, up to 8."""
+    were slower: 0.66M vs 0.48-0.56M tokens/s on 2 cores, experiments/benchmarks/data); else the cores, up to 8."""
     if threaded or not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS:
         return 1
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -69,7 +69,7 @@ INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
 # image's); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill or on
 # programs per SM that do not fit. STAGES > 1 prefetches the next rows into shared memory (cp.async) while the
 # current row is reduced: the wide rows have only 1-2 programs per SM to hide memory latency with.
-# Not yet timed on a GPU: experiments/kernel_bench/bench.py --tune times the alternatives.
+# Not yet timed on a GPU: experiments/benchmarks/kernels/bench.py --tune times the alternatives.
 BWD_CONFIGS = (
     (256, 8, 4, 4, 1),
     (512, 4, 4, 4, 1),
