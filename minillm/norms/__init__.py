@@ -20,21 +20,10 @@ from typing import Any
 from torch import nn
 
 from minillm.errors import ConfigError, check_choice, check_number
-from minillm.norms.base import EPS_MODES, Implemented
-from minillm.norms.batch import BatchNorm, PowerNorm
+from minillm.norms.base import EPS_MODES, NORMS, Implemented
+from minillm.norms.batch import BatchNorm, PowerNorm  # importing the norms' modules registers them in NORMS
 from minillm.norms.impl import IMPLS
 from minillm.norms.token import DyT, FusedRMSNorm, LayerNorm, NoNorm, RMSNorm, ScaleNorm
-
-NORMS: dict[str, type[nn.Module]] = {
-    "layernorm": LayerNorm,
-    "rmsnorm": RMSNorm,
-    "fused_rmsnorm": FusedRMSNorm,
-    "batchnorm": BatchNorm,
-    "none": NoNorm,
-    "dyt": DyT,
-    "powernorm": PowerNorm,
-    "scalenorm": ScaleNorm,
-}
 
 
 def norm_options(name: str) -> list[str]:

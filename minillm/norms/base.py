@@ -11,6 +11,16 @@ from minillm.errors import check_choice, check_int
 from minillm.norms.impl import IMPLS, affine32, resolve
 
 EPS_MODES = ("inside", "outside")
+NORMS: dict[str, type[nn.Module]] = {}  # name -> class: the one registry, filled by @register where each norm is
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: the norm is built by ``build_norm(name, ...)`` and chosen by ``norm=name``."""
+    def add(cls: type) -> type:
+        NORMS[name] = cls
+        return cls
+
+    return add
 
 
 class Implemented:

@@ -9,10 +9,11 @@ from torch import Tensor
 
 from minillm.distributed import batch_mean, global_mean_var, is_synced
 from minillm.errors import ConfigError, check_choice, check_int, check_number, invalid
-from minillm.norms.base import _AffineNorm
+from minillm.norms.base import _AffineNorm, register
 from minillm.norms.impl import inv_scale
 
 
+@register("batchnorm")
 class BatchNorm(_AffineNorm):
     """BatchNorm for (B, T, C) with running statistics used in eval mode.
 
@@ -124,6 +125,7 @@ class _PowerNormApproxGrad(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
+@register("powernorm")
 class PowerNorm(_AffineNorm):
     """Power Normalization (Shen, Yao, Gholami, Mahoney, Keutzer, "PowerNorm: Rethinking Batch
     Normalization in Transformers", ICML 2020), Algorithm 1, for (B, T, C):

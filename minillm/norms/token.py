@@ -11,9 +11,10 @@ from torch import Tensor, nn
 
 from minillm.errors import ConfigError, check_choice, check_int, check_number
 from minillm.norms import impl
-from minillm.norms.base import Implemented, _AffineNorm
+from minillm.norms.base import Implemented, _AffineNorm, register
 
 
+@register("layernorm")
 class LayerNorm(Implemented, _AffineNorm):
     """y = (x - mean) / sqrt(var + eps) * w + b over the last dim, with the biased variance (divide by C).
     Implementations: reference, compiled, torch (F.layer_norm; eps inside the square root only)."""
@@ -36,6 +37,7 @@ class LayerNorm(Implemented, _AffineNorm):
         return self.run(x)
 
 
+@register("rmsnorm")
 class RMSNorm(Implemented, _AffineNorm):
     """LLaMA's RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. No centering, no bias, C parameters.
 
@@ -82,6 +84,7 @@ class RMSNorm(Implemented, _AffineNorm):
         return super().extra_repr() + f", cast={self.cast}"
 
 
+@register("fused_rmsnorm")
 class FusedRMSNorm(RMSNorm):
     """RMSNorm computed by the Triton kernel of ``minillm.kernels.rmsnorm``; same parameters and state_dict.
 
@@ -106,6 +109,7 @@ class FusedRMSNorm(RMSNorm):
         super().set_impl("triton")  # this norm is the kernel, whatever model.norm_impl says
 
 
+@register("dyt")
 class DyT(Implemented, nn.Module):
     """Dynamic Tanh (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025).
 
@@ -154,6 +158,7 @@ class DyT(Implemented, nn.Module):
         return f"{self.dim}, alpha0={self.alpha0}"
 
 
+@register("scalenorm")
 class ScaleNorm(Implemented, nn.Module):
     """ScaleNorm (Nguyen & Salazar, "Transformers without Tears", IWSLT 2019).
 
@@ -187,6 +192,7 @@ class ScaleNorm(Implemented, nn.Module):
         return f"{self.dim}, eps={self.eps}"
 
 
+@register("none")
 class NoNorm(nn.Module):
     """Identity: the no-normalization baseline."""
 
