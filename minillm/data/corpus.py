@@ -282,7 +282,7 @@ def _load_files(spec: CorpusSpec, work_dir: Path, num_proc: int | None) -> Docum
         if fmt == "text":
             ds = datasets.Dataset.from_generator(
                 text_pieces, gen_kwargs={"paths": names, "errors": spec.errors}, cache_dir=str(work_dir),
-                num_proc=min(num_proc or 1, len(names)) if len(names) > 1 else None, writer_batch_size=64,
+                num_proc=min(num_proc or 1, len(names)) if len(names) > 1 else None, writer_batch_size=8,
                 features=datasets.Features({"text": datasets.Value("string"), "end": datasets.Value("bool")}))
             return Documents(ds, None, True)
         kw = {"encoding_errors": spec.errors} if fmt == "json" else {}

@@ -21,7 +21,7 @@ from minillm import _compat
 from minillm.data.corpus import Documents
 from minillm.data.tokenizer import DOC_SEPARATOR, Tokenizer, code_points, token_dtype
 
-ROWS_PER_BATCH = {False: 1000, True: 16}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
+ROWS_PER_BATCH = {False: 1000, True: 4}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
 SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
 COPY = 1 << 24  # tokens per chunk when moving the held-out tail
 
@@ -52,7 +52,7 @@ def _map(ds: Any, fn: Any, pieces: bool, work: Path, name: str, procs: int) -> A
     if not isinstance(ds, datasets.Dataset):
         return ds.with_format("arrow").map(fn, **kw)
     with _environ(TOKENIZERS_PARALLELISM="false" if procs > 1 else None):  # forked workers: one thread each
-        return ds.with_format("arrow").map(fn, num_proc=procs if procs > 1 else None, writer_batch_size=16,
+        return ds.with_format("arrow").map(fn, num_proc=procs if procs > 1 else None, writer_batch_size=1,
                                            cache_file_name=str(work / f"{name}.arrow"), load_from_cache_file=False,
                                            new_fingerprint=f"{name}-{uuid.uuid4().hex}", **kw)
 

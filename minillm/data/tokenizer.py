@@ -31,7 +31,7 @@ EOS = "<|endoftext|>"  # bpe: the end-of-document token (id 0)
 EOS_NAMES = (EOS, "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>")
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback
 
-ENCODE_CHARS = 1 << 20  # characters of text a tokenizer.json encodes at once (HFTokenizer.encode_documents)
+ENCODE_CHARS = 1 << 16  # characters of text a tokenizer.json encodes at once (HFTokenizer.encode_documents)
 
 
 def _as_numpy(ids: Any) -> np.ndarray:
