@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_name, check_number, invalid
 from minillm.model import PLACEMENTS
 from minillm.norms import batch_statistics
-from minillm.optim import lr_lambda
+from minillm.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda
 from minillm.run.build import model_config, precision_plugins
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
@@ -68,6 +68,13 @@ def check_trainer(t: dict) -> None:
 
 
 def check_optimizer(o: dict) -> None:
+    if is_bare_muon(o.get("_target_")):
+        raise ConfigError(BARE_MUON)
+    if str(o.get("_target_")).endswith("MuonWithAdamW"):
+        keys = ("lr", "momentum", "nesterov", "ns_steps", "weight_decay", "adjust_lr_fn", "adamw_lr", "adamw_betas",
+                "adamw_eps", "adamw_weight_decay")
+        MuonWithAdamW.check(**{k: o.get(k) for k in keys})
+        return
     check_number("optimizer.lr", o.get("lr"), low=0.0, low_open=True)
     if "betas" in o:
         betas = o["betas"]
