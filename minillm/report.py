@@ -7,8 +7,8 @@
 Writes ``report.md`` (one row per norm x placement x lr, plus any other config key that varies across the
 sweep, seeds pooled; then LR sensitivity per norm x placement), ``report.json`` (the same rows) and PNGs:
 ``loss_by_norm.png``, ``loss_by_placement.png``, ``grad_norm.png``, ``residual_growth.png``,
-``lr_sensitivity.png``. With ``--compare`` (or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and
-``verdicts.png`` (docs/comparing.md).
+``lr_sensitivity.png``; with decay branches (runs of ``decay_from=``) ``loss_vs_tokens.png``. With ``--compare``
+(or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and ``verdicts.png`` (docs/comparing.md).
 
 LR sensitivity (Wortsman et al. 2023; docs/definitions.md): with loss(lr) = the mean over seeds of
 min(final val loss, loss_init) (a diverged or missing loss counts as loss_init = ln(vocab_size)),
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from minillm import branch_report
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
 from minillm.runs import Run, group_runs, load_runs
@@ -290,8 +291,12 @@ def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path |
     data["incomplete"] = sorted(str(r.dir) for r in found if r.get("status") == "preempted")
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     plot_all(runs, data, out)
+    text = markdown(data, Path(", ".join(map(str, dirs))))
+    if any(branch_report.is_branch(r) for r in runs):  # decay branches: loss vs tokens (minillm.branch_report)
+        branch_report.plot(runs, out / branch_report.PLOT)
+        text += "\n" + branch_report.markdown(runs)
     path = out / "report.md"
-    path.write_text(markdown(data, Path(", ".join(map(str, dirs)))))
+    path.write_text(text)
     return path
 
 

@@ -61,8 +61,8 @@ def prepare(cfg: DictConfig) -> Job:
         checks.check_model_early(cfg)
         checks.warn_about_precision(cfg)
         build.set_threads(cfg)
+        start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named
         group_sweeps(cfg)
-        start = resume.resolve(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         callbacks = build.instantiate_group(cfg, "callbacks")
@@ -77,7 +77,7 @@ def prepare(cfg: DictConfig) -> Job:
         settings = resume.run_settings(cfg, trainer.world_size)
         if cfg.get("train", True):
             start.check_settings(settings)
-            for logger in loggers if start.ckpt_path else []:  # rows the resumed run logs again
+            for logger in loggers if start.continues_run else []:  # rows the resumed run logs again
                 if hasattr(logger, "resume_at"):
                     logger.resume_at(start.step)
         module = build.build_module(cfg, model_cfg, settings)

@@ -99,6 +99,8 @@ def check_across(c: dict) -> None:
                           f"{max_steps} (a run must validate at least once)")
     if c.get("ckpt_path") == "auto" and not c.get("train", True):
         raise ConfigError("ckpt_path=auto resumes training; with train=false give the checkpoint's path")
+    if c.get("decay_from") and not c.get("train", True):
+        raise ConfigError("decay_from starts a decay branch (training); with train=false give ckpt_path=<file>")
     if not c.get("train", True) and not c.get("ckpt_path"):
         raise ConfigError("train=false evaluates a checkpoint: give ckpt_path=<run>/checkpoints/<file>.ckpt "
                           "(without it the weights would be random)")
