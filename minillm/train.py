@@ -32,6 +32,7 @@ from minillm.run import build, checks, resolvers, resume
 from minillm.run.folder import RunFolderLock, discard_start
 from minillm.run.hydra import config_dir, config_errors, errors_in_one_line, route_library_logs
 from minillm.run.naming import group_sweeps
+from minillm.run.show import show_config
 from minillm.version import provenance
 
 log = logging.getLogger("minillm")
@@ -63,6 +64,7 @@ def prepare(cfg: DictConfig) -> Job:
         build.set_threads(cfg)
         start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named
         group_sweeps(cfg)
+        show_config(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         callbacks = build.instantiate_group(cfg, "callbacks")
