@@ -23,7 +23,7 @@ SCRIPTS = {"minillm-train": "minillm.train:main", "minillm-report": "minillm.rep
            "minillm-eval": "minillm.evaluate:main", "minillm-sample": "minillm.sample:main",
            "minillm-export": "minillm.export:main", "minillm-prepare": "minillm.data.prepare:main",
            "minillm-import": "minillm.import_hf:main", "minillm-inspect": "minillm.inspect:main",
-           "minillm-lm-eval": "minillm.harness:main"}
+           "minillm-lm-eval": "minillm.evaluate:lm_eval_main"}
 
 
 @pytest.fixture(scope="module")
