@@ -22,7 +22,7 @@ from minillm.version import provenance
 SCRIPTS = {"minillm-train": "minillm.train:main", "minillm-report": "minillm.report:main",
            "minillm-eval": "minillm.evaluate:main", "minillm-sample": "minillm.sample:main",
            "minillm-export": "minillm.export:main", "minillm-prepare": "minillm.data.prepare:main",
-           "minillm-import": "minillm.import_hf:main", "minillm-inspect": "minillm.inspect:main",
+           "minillm-import": "minillm.import_hf:main", "minillm-inspect": "minillm.inspection:main",
            "minillm-lm-eval": "minillm.evaluate:lm_eval_main"}
 
 
