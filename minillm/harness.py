@@ -68,6 +68,9 @@ class MinillmLM(LM):
         out = []
         for r in requests:
             context, kwargs = r.args[0], dict(r.args[1] or {})
+            if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0) > 0:
+                raise ValueError("the minillm model generates greedily: do_sample=true / temperature > 0 is not "
+                                 "supported (use --gen_kwargs do_sample=false)")
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             text = self.scorer.generate_until(context, until, int(kwargs.get("max_gen_toks", self.max_gen_toks)))
