@@ -99,15 +99,13 @@ def test_minillm_eval_tasks_and_lm_eval_agree_on_a_local_task(ckpts, tasks, tmp_
         assert sample["resps"][0][0] == scorer.generate_until(sample["doc"]["context"], ["\n"], 6)
 
 
-def test_task_and_install_errors_are_one_line(ckpts, tmp_path, capsys, monkeypatch):
+def test_task_and_install_errors_are_one_line(ckpts, tmp_path, shared_cache, capsys, monkeypatch):
     from minillm.evaluate import lm_eval_main
-    from minillm.evaluate import main as eval_main
 
     (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["b"], "answer": 0}\n')
-    with pytest.raises(SystemExit) as exit_:
-        eval_main([ckpts["char"], "--tasks", str(tmp_path / "bad.jsonl")])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(
+    out = cli(["-m", "minillm.evaluate", ckpts["char"], "--tasks", str(tmp_path / "bad.jsonl")], tmp_path,
+              shared_cache)
+    assert out.returncode == 2 and out.output.count("\n") == 1 and out.output.startswith(
         f"minillm-eval: error: --tasks '{tmp_path / 'bad.jsonl'}' line 1 is not an item; allowed: one JSON object")
     with pytest.raises(ValueError, match="does not exist"):
         read_task(tmp_path / "none.jsonl")

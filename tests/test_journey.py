@@ -97,6 +97,8 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert {(s["norm"], s["seed"]) for s in par} == {(n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
     (par_log,) = [log for command, log in logs.items() if "hydra/launcher=joblib" in command]
     assert "Joblib.Parallel" in par_log
+    (ddp_log,) = [log for command, log in logs.items() if "trainer=ddp_cpu" in command]
+    assert ddp_log.count("resolved config") == 1  # printed once, by rank 0, before the ranks start
     first = cwd / "logs" / "my_run" / "runs" / "first"
     (summary,) = summaries(first)  # resumed in its own folder: still one run
     assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None

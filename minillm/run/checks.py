@@ -30,6 +30,7 @@ def check_config(cfg: DictConfig) -> None:
     check_name("run_id", c.get("run_id"), optional=True)
     for key in ("train", "test"):
         check_bool(key, c.get(key))
+    check_bool("print_config", c.get("print_config", True))
     check_choice("test_weights", c.get("test_weights", "final"), TEST_WEIGHTS)
     check_int("threads", c.get("threads"), low=1, optional=True)
     if not isinstance(c.get("tags") or [], list) or not all(isinstance(t, str) for t in c.get("tags") or []):
