@@ -60,6 +60,8 @@ def llama_incompatibilities(model: dict) -> list[str]:
         out.append(f"qk_norm={cfg['qk_norm']} (Llama has no QK-norm)")
     if cfg.get("layernorm_scaling"):
         out.append("layernorm_scaling=True (Llama does not scale its norms by depth)")
+    if cfg.get("qkv_bias"):
+        out.append("qkv_bias=True (Llama's attention_bias would also put a bias on o_proj)")
     return out
 
 
@@ -181,9 +183,10 @@ def model_card(meta: dict, model: Transformer, tok: Any, fmt: str) -> str:
         f"- normalization: norm={m['norm']} (eps {m['norm_eps']}, options {m['norm_options'] or {}}), "
         f"placement={m['placement']}, qk_norm={m['qk_norm']}" + (f", per-layer {m['layers']}" if m["layers"] else ""),
         f"- training: {steps if steps is not None else 'unknown'} optimizer steps, from `{Path(meta['path']).name}`",
-        f"- tokenizer: {TOKENIZER_NAMES.get(getattr(tok, 'kind', None), 'tokenizers')}, vocabulary "
-        f"{m['vocab_size']}, " + ("documents end with the eos token; " if getattr(tok, "eos_id", None) is not None
-                                  else "no special tokens; ") + "ids are minillm's",
+        (f"- tokenizer: {TOKENIZER_NAMES.get(getattr(tok, 'kind', None), 'tokenizers')}, vocabulary "
+         f"{m['vocab_size']}, " + ("documents end with the eos token; " if getattr(tok, "eos_id", None) is not None
+                                   else "no special tokens; ") + "ids are minillm's" if tok is not None else
+         f"- tokenizer: none (imported without one); vocabulary {m['vocab_size']}"),
         "", "```python", f"path = {'.'!r}  # this folder", load, "```", "",
         f"minillm generates with a sliding window of the last {m['max_seq_len']} tokens; other runtimes may "
         "instead continue the positions beyond the trained context.", "",
@@ -192,8 +195,9 @@ def model_card(meta: dict, model: Transformer, tok: Any, fmt: str) -> str:
 
 
 def export_llama(ckpt: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write a LlamaForCausalLM folder from a minillm checkpoint; ValueError if Llama cannot express it."""
-    model, tok, meta = load_checkpoint(ckpt)
+    """Write a LlamaForCausalLM folder from a minillm checkpoint; ValueError if Llama cannot express it. A
+    checkpoint imported without a tokenizer exports without one."""
+    model, tok, meta = load_checkpoint(ckpt, require_tokenizer=False)
     problems = llama_incompatibilities(meta["model"])
     if problems:
         raise ValueError(f"cannot export to LlamaForCausalLM: {', '.join(problems)}; use --hub-mixin to save "
@@ -202,19 +206,21 @@ def export_llama(ckpt: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(llama_config(model.cfg), indent=2) + "\n")
     save_file(llama_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    save_tokenizer(tok, out, model.cfg.max_seq_len)
+    if tok is not None:
+        save_tokenizer(tok, out, model.cfg.max_seq_len)
     (out / "README.md").write_text(model_card(meta, model, tok, "llama"))
     return out
 
 
 def export_hub_mixin(ckpt: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a MinillmHub folder (config.json = ModelConfig, model.safetensors) plus tokenizer and card."""
-    model, tok, meta = load_checkpoint(ckpt)
+    model, tok, meta = load_checkpoint(ckpt, require_tokenizer=False)
     hub = MinillmHub(model.cfg)
     hub.load_state_dict(model.state_dict())
     out = Path(out_dir)
     hub.save_pretrained(out)
-    save_tokenizer(tok, out, model.cfg.max_seq_len)
+    if tok is not None:
+        save_tokenizer(tok, out, model.cfg.max_seq_len)
     (out / "README.md").write_text(model_card(meta, model, tok, "hub-mixin"))
     return out
 

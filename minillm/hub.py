@@ -28,13 +28,21 @@ def _tokenizer_state(ckpt: dict) -> dict | None:
                 None)
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer,
-                                                                                         dict[str, Any]]:
-    """A minillm Lightning checkpoint -> (Transformer in eval mode, tokenizer, meta).
+def says_no_tokenizer(ckpt: dict) -> bool:
+    """The checkpoint records that it has no tokenizer (minillm-import of a folder without tokenizer.json)."""
+    state = ckpt.get(DATAMODULE_KEY)
+    return isinstance(state, dict) and "tokenizer" in state and state["tokenizer"] is None
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
+                    require_tokenizer: bool = True) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
+    """A minillm Lightning checkpoint (or one of minillm-import) -> (Transformer in eval mode, tokenizer, meta).
 
     meta: ``model`` (the ModelConfig dict as trained, fused_rmsnorm kept), ``global_step``, ``epoch``,
-    ``hyper_parameters`` and ``path``. A fused_rmsnorm model is built with rmsnorm (identical weights and
-    function), so it loads on any machine. Raises CheckpointError (a ValueError) with one readable line.
+    ``hyper_parameters``, ``path`` and ``minillm`` (the checkpoint's record: version, commit, ``imported_from``).
+    A fused_rmsnorm model is built with rmsnorm (identical weights and function), so it loads on any machine.
+    A checkpoint that says it has no tokenizer gives None with ``require_tokenizer=False``. Raises CheckpointError
+    (a ValueError) with one readable line.
     """
     path = Path(path)
     if not path.is_file():
@@ -53,7 +61,11 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         raise CheckpointError(f"{str(path)!r} is not a minillm checkpoint (no state_dict and "
                               "hyper_parameters['model'] written by minillm's LitLM)")
     tok_state = _tokenizer_state(ckpt)
-    if tok_state is None:
+    if tok_state is None and says_no_tokenizer(ckpt):
+        if require_tokenizer:
+            raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: it was imported from a folder without "
+                                  "tokenizer.json; import it again with --tokenizer <tokenizer.json>")
+    elif tok_state is None:
         raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: saved without its datamodule "
                               f"(checkpoint[{DATAMODULE_KEY!r}]['tokenizer'])")
     model = Transformer(ModelConfig(**canonical_norms(model_cfg)))
@@ -64,12 +76,12 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         raise CheckpointError(f"checkpoint {str(path)!r}: weights do not fit its model config "
                               f"({str(err).splitlines()[0]})") from None
     try:  # char, byte, or a Hugging Face tokenizer (bpe, tokenizer.json, hf:) stored as its JSON
-        tok = tokenizer_from_state(tok_state)
+        tok = tokenizer_from_state(tok_state) if tok_state is not None else None
     except Exception as err:
         raise CheckpointError(f"checkpoint {str(path)!r}: its tokenizer cannot be rebuilt "
                               f"({' '.join(str(err).split())[:160]})") from None
     meta = {"model": model_cfg, "global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch"),
-            "hyper_parameters": hparams, "path": str(path)}
+            "hyper_parameters": hparams, "path": str(path), "minillm": ckpt.get("minillm") or {}}
     return model.to(device).eval(), tok, meta
 
 

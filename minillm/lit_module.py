@@ -16,7 +16,7 @@ from minillm.checkpointing import check_model_config
 from minillm.errors import ConfigError, check_bool, check_choice, check_number, invalid
 from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric, tokens_seen
 from minillm.model import ModelConfig, Transformer
-from minillm.optim import param_groups
+from minillm.optim import BARE_MUON, is_bare_muon, param_groups
 from minillm.version import provenance
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -156,12 +156,17 @@ class LitLM(L.LightningModule):
         self._eval_epoch_end("test")
 
     def param_groups(self) -> list[dict]:
-        return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings)
+        """The optimizer's groups; an optimizer that splits off the hidden matrices (MuonWithAdamW) gets them first."""
+        factory = getattr(self.optimizer_factory, "func", self.optimizer_factory)
+        return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings,
+                            split_hidden=getattr(factory, "splits_hidden_matrices", False))
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:
             raise ConfigError("LitLM needs an optimizer factory to train, "
                              "e.g. functools.partial(torch.optim.AdamW, lr=1e-3)")
+        if is_bare_muon(getattr(self.optimizer_factory, "func", self.optimizer_factory)):
+            raise ConfigError(BARE_MUON)
         optimizer = self.optimizer_factory(self.param_groups())
         if self.scheduler_factory is None:
             return optimizer

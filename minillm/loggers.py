@@ -220,3 +220,38 @@ def depth_profile(metrics: Mapping[str, float]) -> tuple[list[dict], list[dict]]
         return [{**{k: r[k] for k in keys}, **{c: r.get(c) for c in columns}} for r in ordered]
 
     return rows(layers), rows(sites)
+
+
+def tensorboard_logger(**kwargs: Any) -> Any:
+    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard or tensorboardX; when
+    neither is installed, one config error that says what to install (not Lightning's ModuleNotFoundError)."""
+    import importlib
+
+    from minillm.errors import ConfigError
+
+    for module in ("tensorboardX", "tensorboard"):
+        try:
+            importlib.import_module(module)
+            break
+        except ImportError:
+            continue
+    else:
+        raise ConfigError("logger=tensorboard needs tensorboardX or tensorboard: pip install tensorboardX (or pip "
+                          "install 'minillm[tensorboard]'); allowed without it: logger=wandb, logger=csv, logger=none")
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    class OneFileTensorBoardLogger(TensorBoardLogger):
+        """Keeps one event file open from fit through test: Lightning closes the writer after fit and the test pass
+        opens another, whose file name (the second it was made in) is the first's in a short run, replacing it."""
+
+        @rank_zero_only
+        def finalize(self, status: str) -> None:
+            if _compat.logger_experiment(self) is not None:
+                self.experiment.flush()
+            self.save()
+
+        def finish(self) -> None:  # train.py, when the run ends
+            if _compat.logger_experiment(self) is not None:
+                self.experiment.close()
+
+    return OneFileTensorBoardLogger(**kwargs)

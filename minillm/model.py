@@ -1,4 +1,5 @@
-"""A LLaMA-style decoder: RoPE, grouped-query causal attention (SDPA), SwiGLU, no biases in linears.
+"""A LLaMA-style decoder: RoPE, grouped-query causal attention (SDPA), SwiGLU, no biases in linears (but the
+query, key and value projections with qkv_bias, as Qwen2 has).
 
 The norm (``ModelConfig.norm``) and where it sits (``ModelConfig.placement``) are chosen by name.
 Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
@@ -48,6 +49,7 @@ class ModelConfig:
     init: str = "auto"  # auto | gpt2 | xavier | small | deepnet (Transformer.init_weights)
     init_std: float = 0.02
     depth_scaled_init: bool = True  # gpt2: residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2; minillm-import), init 0
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
@@ -61,7 +63,7 @@ class ModelConfig:
             check_number(f"model.{name}", getattr(self, name), low=0.0)
         check_number("model.rope_theta", self.rope_theta, low=0.0, low_open=True)
         check_number("model.mix_fraction", self.mix_fraction, low=0.0, high=1.0)
-        for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling"):
+        for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling", "qkv_bias"):
             check_bool(f"model.{name}", getattr(self, name))
         check_choice("model.norm", self.norm, sorted(NORMS))
         check_choice("model.norm_impl", self.norm_impl, IMPLS)
@@ -167,9 +169,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         qk = cfg.qk_norm != "none"
         self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
@@ -300,6 +302,8 @@ class Transformer(nn.Module):
         for module in self.modules():  # first N(0, init_std) everywhere, in module order (the gpt2 draws)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+                if getattr(module, "bias", None) is not None:  # qkv_bias
+                    nn.init.zeros_(module.bias)
             elif module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
         if cfg.init in ("xavier", "small"):

@@ -7,8 +7,8 @@
 Writes ``report.md`` (one row per norm x placement x lr, plus any other config key that varies across the
 sweep, seeds pooled; then LR sensitivity per norm x placement), ``report.json`` (the same rows) and PNGs:
 ``loss_by_norm.png``, ``loss_by_placement.png``, ``grad_norm.png``, ``residual_growth.png``,
-``lr_sensitivity.png``. With ``--compare`` (or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and
-``verdicts.png`` (docs/comparing.md).
+``lr_sensitivity.png``; with decay branches (runs of ``decay_from=``) ``loss_vs_tokens.png``. With ``--compare``
+(or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and ``verdicts.png`` (docs/comparing.md).
 
 LR sensitivity (Wortsman et al. 2023; docs/definitions.md): with loss(lr) = the mean over seeds of
 min(final val loss, loss_init) (a diverged or missing loss counts as loss_init = ln(vocab_size)),
@@ -27,14 +27,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from minillm import branch_report
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
 from minillm.runs import Run, group_runs, load_runs
 
 GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)
-EXTRA_KEYS = ("warmup_steps", "precision", "n_layers", "dim", "n_heads", "n_kv_heads", "qk_norm",
-              "batch_size", "seq_len", "max_steps", "grad_clip", "weight_decay", "z_loss", "norm_options",
+EXTRA_KEYS = ("optimizer", "adamw_lr", "warmup_steps", "precision", "n_layers", "dim", "n_heads", "n_kv_heads",
+              "qk_norm", "batch_size", "seq_len", "max_steps", "grad_clip", "weight_decay", "z_loss", "norm_options",
               "name")
 PLOTS = ("loss_by_norm.png", "loss_by_placement.png", "grad_norm.png", "residual_growth.png",
          "lr_sensitivity.png")
@@ -290,8 +291,12 @@ def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path |
     data["incomplete"] = sorted(str(r.dir) for r in found if r.get("status") == "preempted")
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     plot_all(runs, data, out)
+    text = markdown(data, Path(", ".join(map(str, dirs))))
+    if any(branch_report.is_branch(r) for r in runs):  # decay branches: loss vs tokens (minillm.branch_report)
+        branch_report.plot(runs, out / branch_report.PLOT)
+        text += "\n" + branch_report.markdown(runs)
     path = out / "report.md"
-    path.write_text(markdown(data, Path(", ".join(map(str, dirs)))))
+    path.write_text(text)
     return path
 
 

@@ -32,6 +32,7 @@ from minillm.run import build, checks, resolvers, resume
 from minillm.run.folder import RunFolderLock, discard_start
 from minillm.run.hydra import config_dir, config_errors, errors_in_one_line, route_library_logs
 from minillm.run.naming import group_sweeps
+from minillm.run.show import show_config
 from minillm.version import provenance
 
 log = logging.getLogger("minillm")
@@ -61,8 +62,9 @@ def prepare(cfg: DictConfig) -> Job:
         checks.check_model_early(cfg)
         checks.warn_about_precision(cfg)
         build.set_threads(cfg)
+        start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named
         group_sweeps(cfg)
-        start = resume.resolve(cfg)
+        show_config(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         callbacks = build.instantiate_group(cfg, "callbacks")
@@ -77,7 +79,7 @@ def prepare(cfg: DictConfig) -> Job:
         settings = resume.run_settings(cfg, trainer.world_size)
         if cfg.get("train", True):
             start.check_settings(settings)
-            for logger in loggers if start.ckpt_path else []:  # rows the resumed run logs again
+            for logger in loggers if start.continues_run else []:  # rows the resumed run logs again
                 if hasattr(logger, "resume_at"):
                     logger.resume_at(start.step)
         module = build.build_module(cfg, model_cfg, settings)

@@ -205,6 +205,7 @@ def test_a_model_llama_cannot_express_is_refused_with_every_reason(ckpts, tmp_pa
     (dict(layers=[{"norm": "fused_rmsnorm"}, {"placement": "pre"}], n_layers=2), []),
     (dict(norm="dyt", qk_norm="layernorm"), ["norm=dyt", "qk_norm=layernorm"]),
     (dict(layernorm_scaling=True), ["layernorm_scaling=True"]),
+    (dict(qkv_bias=True), ["qkv_bias=True"]),
 ])
 def test_llama_incompatibilities_name_each_field(model, reasons):
     found = llama_incompatibilities(model)

@@ -64,6 +64,11 @@ BAD_INPUT = [
     (["data.cache_dir={tmp}/corpus.txt"], "data error: data.cache_dir='{tmp}/corpus.txt' cannot hold token "
                                           "stores (it is a file)"),
     (["trainer.accumulate_grad_batches=0"], "config error: trainer.accumulate_grad_batches=0 is invalid"),
+    (["scheduler=wsd", "decay_from={tmp}/none.ckpt"], "config error: decay_from='{tmp}/none.ckpt' does not exist"),
+    (["print_config=maybe"], "config error: print_config='maybe' is invalid; allowed: true or false"),
+    (["optimizer._target_=torch.optim.Muon"], "config error: optimizer._target_=torch.optim.Muon would be given every "
+                                              "parameter, but Muon only takes the 2-D hidden matrices; allowed: "
+                                              "optimizer=muon"),
 ]
 
 

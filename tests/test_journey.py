@@ -27,9 +27,29 @@ def readme_commands() -> list[str]:
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
 
 
+def write_task(folder: Path) -> None:
+    """/path/task.jsonl and /path/tasks: a multiple-choice task in the characters of write_corpus' text, as
+    minillm-eval's JSONL and as an lm-evaluation-harness task (my_task) over the same file."""
+    items = [{"context": f"The {w} and", "choices": [" the", " my", " fair"], "answer": i % 3}
+             for i, w in enumerate(("king", "queen", "lord", "love", "night", "sir"))]
+    (folder / "task.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    (folder / "tasks").mkdir()
+    (folder / "tasks" / "my_task.yaml").write_text(
+        f"task: my_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'task.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: context\ndoc_to_choice: choices\n"
+        'doc_to_target: answer\ntarget_delimiter: ""\nmetric_list:\n  - metric: acc\n')
+
+
+PLACEHOLDERS = {"every_n_train_steps=400": "every_n_train_steps=1", "step-800.ckpt": "step-1.ckpt"}
+
+
 def readme_args(command: str, cwd: Path, book: Path, folder: Path) -> list[str]:
     """A README line as the argv of the process that runs it (placeholders filled, README's suffix added)."""
     command = command.replace("/path/book.txt", str(book)).replace("/path/dir", str(folder))
+    command = command.replace("/path/task.jsonl", str(folder.parent / "task.jsonl"))
+    command = command.replace("/path/tasks", str(folder.parent / "tasks"))
+    for placeholder, value in PLACEHOLDERS.items():
+        command = command.replace(placeholder, value)
     if "<id>" in command:
         command = command.replace("<id>", max((cwd / "logs" / "my_sweep" / "multiruns").iterdir()).name)
     args = shlex.split(command)[1:]
@@ -43,6 +63,7 @@ def run_readme(tmp_path: Path, cache: Path, run_all, run_one) -> tuple[Path, dic
     folder = tmp_path / "dir"
     folder.mkdir()
     write_corpus(folder / "more.txt", n_chars=30_000, seed=1)
+    write_task(tmp_path)
     cwd = tmp_path / "work"
     cwd.mkdir()
     commands = readme_commands()
@@ -56,7 +77,7 @@ def run_readme(tmp_path: Path, cache: Path, run_all, run_one) -> tuple[Path, dic
         batch.clear()
 
     for command in commands:
-        if any(s in command for s in ("<id>", "ckpt_path=", "--help")):
+        if any(s in command for s in ("<id>", "ckpt_path=", "--help", "decay_from=")) or "train.py" not in command:
             flush()
             logs[command] = ok(run_one(readme_args(command, cwd, book, folder), cwd, cache))
         else:
@@ -76,6 +97,8 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert {(s["norm"], s["seed"]) for s in par} == {(n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
     (par_log,) = [log for command, log in logs.items() if "hydra/launcher=joblib" in command]
     assert "Joblib.Parallel" in par_log
+    (ddp_log,) = [log for command, log in logs.items() if "trainer=ddp_cpu" in command]
+    assert ddp_log.count("resolved config") == 1  # printed once, by rank 0, before the ranks start
     first = cwd / "logs" / "my_run" / "runs" / "first"
     (summary,) = summaries(first)  # resumed in its own folder: still one run
     assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None
@@ -85,6 +108,18 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert len(wandb_runs) == 2 and len({p.name.rsplit("-", 1)[-1] for p in wandb_runs}) == 1  # one W&B run id
     (evaluation,) = (first / "evaluations").glob("*/evaluation.json")  # train=false: its own folder, beside
     assert json.loads(evaluation.read_text())["test_weights"].endswith("best.ckpt")
+    # the ecosystem lines: Muon, TensorBoard, a decay branch and its report, evaluation, export, import, inspection
+    assert {s["optimizer"] for s in summaries(cwd / "logs" / "default")} >= {"AdamW", "MuonWithAdamW"}
+    assert list((cwd / "logs" / "default").rglob("tensorboard/events.out.tfevents.*"))
+    (branch,) = [s for s in summaries(cwd / "logs" / "wsd") if s.get("parent")]
+    assert branch["parent"]["step"] == 1 and branch["steps"] == 2 and "stable" not in branch["run_dir"]
+    assert (cwd / "logs" / "wsd" / "report" / "loss_vs_tokens.png").is_file()
+    (task_log,) = [log for command, log in logs.items() if "--tasks /path/task.jsonl" in command]
+    assert "task: acc " in task_log and "chance 0.3333" in task_log
+    (harness_log,) = [log for command, log in logs.items() if "minillm.harness" in command]
+    assert re.search(r"\|my_task\s*\|.*\|acc\s*\|", harness_log), harness_log[-2000:]
+    assert (cwd / "imported.ckpt").is_file() and (cwd / "hf-model" / "model.safetensors").is_file()
+    assert json.loads((cwd / "imported.ckpt.inspect" / "depth_profile.json").read_text())["layers"]
 
 
 def test_readme_usage_commands_run_as_written(tmp_path, shared_cache):

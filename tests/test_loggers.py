@@ -16,7 +16,10 @@ import pytest
 import wandb
 from helpers import (
     FAST,
+    ROOT,
     compose_cfg,
+    logged,
+    read_rows,
     read_wandb_run,
 )
 
@@ -198,3 +201,63 @@ def test_each_logger_in_one_process_gets_its_own_run(tmp_path, monkeypatch):
     wandb.finish()
     assert ids[0] != ids[1]
     assert list((tmp_path / "b" / "wandb").glob("offline-run-*"))
+
+
+# --- logger=tensorboard, and the resolved config printed at the start ------------------------------------------
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
+    """tag -> values of every scalar in the event files under folder (TFRecord framing: length, its CRC, the
+    Event protobuf, its CRC), read with tensorboardX's protobuf classes."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, list[float]] = {}
+    for path in sorted(folder.rglob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(value.simple_value)
+    return scalars
+
+
+def test_logger_tensorboard_writes_event_files_beside_the_csv_log(tmp_path, shared_cache, corpus):
+    from processes import cli, ok
+
+    from minillm.run.show import HEADER
+
+    args = [str(ROOT / "train.py"), "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4",
+            "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1",
+            "callbacks.text_sample.max_new_tokens=8", "logger=tensorboard", "run_id=tb"]
+    out = ok(cli(args, tmp_path, shared_cache))
+    run = tmp_path / "logs" / "default" / "runs" / "tb"
+    scalars = tensorboard_scalars(run / "tensorboard")
+    assert "train/loss" in scalars, (sorted(scalars), sorted(p.name for p in (run / "tensorboard").iterdir()))
+    assert len(scalars["train/loss"]) == 4 and len(scalars["val/loss"]) == 2 and "test/loss" in scalars
+    assert scalars["train/loss"] == pytest.approx(list(logged(read_rows(run), "train/loss").values()))
+    assert out.count(HEADER) == 1 and "│   ├── lr: 0.003" in out and "│   └── tensorboard" in out  # the tree, once
+    assert HEADER in (run / "train.log").read_text()
+    quiet = ok(cli([*args[:-1], "run_id=quiet", "print_config=false", "logger=csv"], tmp_path, shared_cache))
+    assert HEADER not in quiet
+
+
+def test_logger_tensorboard_without_tensorboardx_says_what_to_install(tmp_path, shared_cache, corpus):
+    import sys
+
+    from processes import cli
+
+    def hide() -> None:  # as if neither package were installed
+        sys.modules["tensorboardX"] = sys.modules["tensorboard"] = None
+
+    args = [str(ROOT / "train.py"), "model=tiny", "data=files", f"data.files=[{corpus}]", "logger=tensorboard"]
+    out = cli(args, tmp_path, shared_cache, setup=hide)
+    lines = [line for line in out.output.splitlines() if "error: " in line]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.output, out.output[-3000:]
+    assert lines[0].endswith("config error: logger=tensorboard needs tensorboardX or tensorboard: pip install "
+                             "tensorboardX (or pip install 'minillm[tensorboard]'); allowed without it: logger=wandb, "
+                             "logger=csv, logger=none")
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("summary.json"))

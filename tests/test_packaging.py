@@ -4,6 +4,7 @@ commit recorded with every run, checkpoints evaluated and sampled from the comma
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -20,7 +21,9 @@ from minillm.version import provenance
 
 SCRIPTS = {"minillm-train": "minillm.train:main", "minillm-report": "minillm.report:main",
            "minillm-eval": "minillm.evaluate:main", "minillm-sample": "minillm.sample:main",
-           "minillm-export": "minillm.export:main"}
+           "minillm-export": "minillm.export:main", "minillm-prepare": "minillm.data.prepare:main",
+           "minillm-import": "minillm.import_hf:main", "minillm-inspect": "minillm.inspection:main",
+           "minillm-lm-eval": "minillm.evaluate:lm_eval_main"}
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +108,47 @@ def test_eval_command_errors_are_one_line(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "missing.ckpt" in out.stderr
     assert out.stderr.startswith("minillm-eval: error: config error: ")  # as the other tools print errors
+
+
+def declared_distributions() -> set[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"], *(s for extra in project["optional-dependencies"].values() for s in extra)]
+    return {normalize(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in specs}
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def imported_modules(*folders: str) -> dict[str, str]:
+    """Top-level module -> the first file importing it, for every absolute import under the folders."""
+    import ast
+
+    found: dict[str, str] = {}
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                    node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                for name in names:
+                    found.setdefault(name.split(".")[0], str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_of_minillm_and_experiments_is_a_declared_dependency():
+    """What minillm/ and experiments/ import is in pyproject.toml (dependencies or an extra), not only installed
+    because another package needs it."""
+    from importlib.metadata import packages_distributions
+
+    owners = packages_distributions()
+    declared = declared_distributions()
+    missing = []
+    for module, where in imported_modules("minillm", "experiments").items():
+        if module in sys.stdlib_module_names or module in ("minillm", "experiments"):
+            continue
+        dists = {normalize(d) for d in owners.get(module, [module])}
+        if not dists & declared:
+            missing.append(f"{module} ({where})")
+    assert not missing, missing

@@ -31,8 +31,10 @@ class RunSummary(L.Callback):
     One flat JSON object (non-finite numbers written as null):
       config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
-               weight_decay, z_loss, grad_clip, max_steps, batch_size, seq_len, n_params, norm_impl (each norm's
-               implementation as it ran: {norm: reference | torch | compiled | triton}), loss_init = ln V,
+               weight_decay, z_loss, optimizer (its class), adamw_lr (optimizer=muon: AdamW's lr; lr is Muon's),
+               grad_clip, max_steps, batch_size, seq_len, n_params, norm_impl (each norm's implementation as it
+               ran: {norm: reference | torch | compiled | triton}), loss_init = ln V, parent (a decay branch: the
+               run folder, checkpoint and step it branched from),
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
                from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
       results  status (completed | diverged | not_trained | failed | preempted: stopped by a signal, to be
@@ -170,8 +172,10 @@ class RunSummary(L.Callback):
         model = getattr(pl_module, "model", pl_module)
         cfg = getattr(model, "cfg", None)
         hp = getattr(pl_module, "hparams", {})
-        group = trainer.optimizers[0].param_groups[0] if trainer.optimizers else {}
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        group = optimizer.param_groups[0] if optimizer is not None else {}
         opt_kw = {"lr": group.get("initial_lr", group.get("lr")), "weight_decay": group.get("weight_decay")}
+        lrs = optimizer.lrs() if hasattr(optimizer, "lrs") else {}  # MuonWithAdamW: each optimizer's lr
         vocab = getattr(cfg, "vocab_size", None)
         loss_init = math.log(vocab) if vocab else None
         s: dict[str, Any] = {
@@ -186,6 +190,7 @@ class RunSummary(L.Callback):
         s.update({
             "norm_options": dict(getattr(cfg, "norm_options", None) or {}),
             "weight_decay": opt_kw.get("weight_decay"), "z_loss": hp.get("z_loss"),
+            "optimizer": type(optimizer).__name__ if optimizer is not None else None, "adamw_lr": lrs.get("adamw"),
             "grad_clip": trainer.gradient_clip_val, "max_steps": trainer.max_steps,
             "batch_size": self.batch_shape[0] if self.batch_shape else None,
             "seq_len": self.batch_shape[1] if self.batch_shape and len(self.batch_shape) > 1 else None,

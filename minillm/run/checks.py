@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_name, check_number, invalid
 from minillm.model import PLACEMENTS
 from minillm.norms import batch_statistics
-from minillm.optim import lr_lambda
+from minillm.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda
 from minillm.run.build import model_config, precision_plugins
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
@@ -30,6 +30,7 @@ def check_config(cfg: DictConfig) -> None:
     check_name("run_id", c.get("run_id"), optional=True)
     for key in ("train", "test"):
         check_bool(key, c.get(key))
+    check_bool("print_config", c.get("print_config", True))
     check_choice("test_weights", c.get("test_weights", "final"), TEST_WEIGHTS)
     check_int("threads", c.get("threads"), low=1, optional=True)
     if not isinstance(c.get("tags") or [], list) or not all(isinstance(t, str) for t in c.get("tags") or []):
@@ -68,6 +69,13 @@ def check_trainer(t: dict) -> None:
 
 
 def check_optimizer(o: dict) -> None:
+    if is_bare_muon(o.get("_target_")):
+        raise ConfigError(BARE_MUON)
+    if str(o.get("_target_")).endswith("MuonWithAdamW"):
+        keys = ("lr", "momentum", "nesterov", "ns_steps", "weight_decay", "adjust_lr_fn", "adamw_lr", "adamw_betas",
+                "adamw_eps", "adamw_weight_decay")
+        MuonWithAdamW.check(**{k: o.get(k) for k in keys})
+        return
     check_number("optimizer.lr", o.get("lr"), low=0.0, low_open=True)
     if "betas" in o:
         betas = o["betas"]
@@ -92,6 +100,8 @@ def check_across(c: dict) -> None:
                           f"{max_steps} (a run must validate at least once)")
     if c.get("ckpt_path") == "auto" and not c.get("train", True):
         raise ConfigError("ckpt_path=auto resumes training; with train=false give the checkpoint's path")
+    if c.get("decay_from") and not c.get("train", True):
+        raise ConfigError("decay_from starts a decay branch (training); with train=false give ckpt_path=<file>")
     if not c.get("train", True) and not c.get("ckpt_path"):
         raise ConfigError("train=false evaluates a checkpoint: give ckpt_path=<run>/checkpoints/<file>.ckpt "
                           "(without it the weights would be random)")

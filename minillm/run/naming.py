@@ -36,10 +36,12 @@ def group_sweeps(cfg: DictConfig) -> None:
             wandb.name = run_name(cfg)
 
 
-NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "optimizer.lr",
-         "scheduler.warmup_steps", "trainer.precision", "seed")  # what run_name always shows (when not default)
+NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "optimizer", "optimizer._target_",
+         "optimizer.lr", "optimizer.adamw_lr", "scheduler.warmup_steps", "trainer.precision",
+         "seed")  # what run_name always shows (when not default)
 UNNAMED = ("paths", "hydra", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment", "data.files",
-           "train", "test", "threads")  # overrides a sweep job's name leaves out: these keys and the ones under them
+           "train", "test", "threads", "decay_from",
+           "print_config")  # overrides a sweep job's name leaves out: these keys and the ones under them
 
 
 def unnamed(key: str) -> bool:
@@ -54,25 +56,38 @@ def defaults() -> dict[str, Any]:
     folder = Path(config_dir())
     model = OmegaConf.load(folder / "model" / "default.yaml")
     return {"n_layers": model.n_layers, "dim": model.dim, "qk_norm": model.qk_norm,
+            "optimizer": OmegaConf.load(folder / "optimizer" / "adamw.yaml")._target_,
             "warmup_steps": OmegaConf.load(folder / "scheduler" / "cosine.yaml").warmup_steps,
             "precision": str(OmegaConf.load(folder / "trainer" / "default.yaml").precision)}
 
 
 def run_name(cfg: DictConfig) -> str:
-    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>]-lr<lr>[-wu<warmup>][-<precision>]-s<seed>``
-    (L, d, qk, wu and the precision where they differ from the default run's, ``defaults``), and in a sweep
+    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>][-<optimizer>]-lr<lr>[-alr<adamw lr>][-wu<warmup>]
+    [-<precision>]-s<seed>[-from<step>]`` (L, d, qk, the optimizer, wu and the precision where they differ from the
+    default run's, ``defaults``; alr with optimizer=muon; from<step> for a decay branch, decay_from), and in a sweep
     every other override of the job as ``-<last key part>=<value>``: the sweep's jobs get distinct names."""
     model, warmup, default = cfg.model, OmegaConf.select(cfg, "scheduler.warmup_steps"), defaults()
     parts = [str(model.norm), str(cfg.placement)]
     parts += [f"L{model.n_layers}"] if model.n_layers != default["n_layers"] else []
     parts += [f"d{model.dim}"] if model.dim != default["dim"] else []
     parts += [f"qk{model.qk_norm}"] if model.qk_norm != default["qk_norm"] else []
-    parts += [f"lr{cfg.optimizer.lr:g}"] + ([f"wu{warmup}"] if warmup not in (None, default["warmup_steps"]) else [])
+    target = str(cfg.optimizer.get("_target_", default["optimizer"]))
+    parts += [optimizer_tag(target)] if target != default["optimizer"] else []
+    parts += [f"lr{cfg.optimizer.lr:g}"] + ([f"alr{cfg.optimizer.adamw_lr:g}"] if "adamw_lr" in cfg.optimizer else [])
+    parts += [f"wu{warmup}"] if warmup not in (None, default["warmup_steps"]) else []
     parts += [str(cfg.trainer.precision)] if str(cfg.trainer.precision) != default["precision"] else []
     parts += [f"s{cfg.seed}"]
+    branch_step = OmegaConf.select(cfg, "scheduler.decay_start") if cfg.get("decay_from") else None
+    parts += [f"from{branch_step}"] if branch_step is not None else []
     if in_multirun():
         for override in HydraConfig.get().overrides.task:
             key, _, value = override.lstrip("+~").partition("=")
             if key not in NAMED and not unnamed(key):
                 parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
     return "-".join(parts)
+
+
+def optimizer_tag(target: str) -> str:
+    """The optimizer in a run name: ``muon`` for MuonWithAdamW, else the class name in lower case."""
+    name = target.rsplit(".", 1)[-1]
+    return "muon" if name == "MuonWithAdamW" else name.lower()

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from minillm.checkpointing import check_model_config, check_settings, find_resume_checkpoint, read_checkpoint_header
 from minillm.errors import ConfigError
-from minillm.optim import schedule_settings
+from minillm.optim import decay_start, schedule_settings, stable_phase_settings
 
 log = logging.getLogger("minillm")
 EVALUATION_FILE = "evaluation.json"  # what RunSummary writes for train=false (summary.json is a training's record)
@@ -26,6 +26,12 @@ class Resume:
 
     ckpt_path: str | None = None
     header: dict[str, Any] = field(default_factory=dict)
+    branch: bool = False  # a decay branch starting from its parent's checkpoint: a new run, not this one resumed
+
+    @property
+    def continues_run(self) -> bool:
+        """The run goes on in the checkpoint's own run (same folder, W&B run, CSV log)."""
+        return bool(self.ckpt_path) and not self.branch
 
     @property
     def source(self) -> str:
@@ -42,8 +48,13 @@ class Resume:
 
     def check_settings(self, settings: dict) -> None:
         """The run keeps the checkpoint's training settings (run_settings)."""
-        if self.ckpt_path:
-            check_settings((self.header.get("hyper_parameters") or {}).get("run_settings"), settings, self.source)
+        if not self.ckpt_path:
+            return
+        saved = (self.header.get("hyper_parameters") or {}).get("run_settings")
+        if self.branch and saved is not None:  # the one change a run may make: its schedule's decay
+            saved = {**saved, "scheduler": stable_phase_settings(saved.get("scheduler"))}
+            settings = {**settings, "scheduler": stable_phase_settings(settings.get("scheduler"))}
+        check_settings(saved, settings, self.source)
 
     def state_of(self, name: str) -> dict:
         """The state a component stored in the checkpoint under its class name (e.g. the data module's)."""
@@ -68,12 +79,66 @@ def resolve(cfg: DictConfig) -> Resume:
                               "checkpoint to resume; give this run another run_id or name")
         raise ConfigError(f"the run directory {out_dir} already holds a run (summary.json); resume it with "
                           "ckpt_path=auto, or give this run another run_id or name")
-    resume = Resume(str(ckpt), read_checkpoint_header(ckpt)) if ckpt is not None else Resume()
+    parent = decay_branch(cfg) if cfg.get("decay_from") else None
+    if ckpt is not None:
+        resume = Resume(str(ckpt), read_checkpoint_header(ckpt))
+    elif parent is not None:
+        resume = Resume(parent["checkpoint"], parent.pop("header"), branch=True)
+    else:
+        resume = Resume()
+    if parent is not None:
+        parent.pop("header", None)
+        record_parent(cfg, parent)
     if not training:
         as_evaluation(cfg)
-    elif resume.ckpt_path:
+    elif resume.continues_run:
         continue_wandb_run(cfg, resume.header)
     return resume
+
+
+def decay_branch(cfg: DictConfig) -> dict[str, Any]:
+    """decay_from=<checkpoint of a stable phase>: the branch decays from that checkpoint's step k for D steps, the
+    decay_fraction of its whole run (D = fraction * k / (1 - fraction)), so it is the WSD run of k + D steps; sets
+    scheduler.decay_start = k and trainer.max_steps = k + D. Returns the parent (run folder, checkpoint, step)."""
+    path, scheduler = str(cfg.decay_from), cfg.get("scheduler") or {}
+    if scheduler.get("kind") != "wsd":
+        raise ConfigError(f"decay_from={path!r} starts a decay branch: it needs scheduler=wsd (the decay's shape and "
+                          f"fraction), not scheduler.kind={scheduler.get('kind')!r}")
+    fraction = scheduler.get("decay_fraction")
+    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ConfigError(f"scheduler.decay_fraction={fraction!r} is invalid for a decay branch; allowed: a number "
+                          "> 0 and < 1 (the share of the branch's whole run that decays)")
+    if not Path(path).expanduser().is_file():
+        raise ConfigError(f"decay_from={path!r} does not exist; allowed: a checkpoint file of a stable phase, e.g. "
+                          "<run>/checkpoints/step-<k>.ckpt")
+    header = read_checkpoint_header(path)
+    step = int(header.get("global_step", 0))
+    saved = ((header.get("hyper_parameters") or {}).get("run_settings") or {}).get("scheduler") or {}
+    if saved.get("kind") not in ("wsd", "constant"):
+        raise ConfigError(f"decay_from={path!r} is a checkpoint of a scheduler.kind={saved.get('kind')!r} run; "
+                          "allowed: a checkpoint of a wsd or constant run's stable phase")
+    if saved.get("kind") == "wsd":
+        start = decay_start(saved["total_steps"], saved.get("decay_fraction", 0.2), saved.get("decay_start"))
+        if step > start:
+            raise ConfigError(f"decay_from={path!r} is at step {step}, in its run's decay (from step {start}); "
+                              f"allowed: a checkpoint of the stable phase (step <= {start})")
+    length = max(1, round(fraction * step / (1 - fraction)))
+    with open_dict(cfg):
+        cfg.scheduler.decay_start = step
+        cfg.trainer.max_steps = step + length
+    ckpt = Path(path)
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    log.info(f"decay branch of {run} from step {step}: {scheduler.get('decay_shape')} decay over {length} steps "
+             f"to step {step + length} (trainer.max_steps={step + length})")
+    return {"run_dir": str(run), "checkpoint": path, "step": step, "header": header}
+
+
+def record_parent(cfg: DictConfig, parent: dict[str, Any]) -> None:
+    """summary.json of a decay branch names the run and checkpoint it branched from (``parent``)."""
+    summary = (cfg.get("callbacks") or {}).get("summary")
+    if summary is not None:
+        with open_dict(cfg):
+            summary.config = {**OmegaConf.to_container(summary.get("config") or {}, resolve=True), "parent": parent}
 
 
 def as_evaluation(cfg: DictConfig) -> None:
