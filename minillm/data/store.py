@@ -62,7 +62,7 @@ from minillm.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # bump when the store layout or tokenization changes
+CACHE_VERSION = 3  # bump when the store layout or tokenization changes
 VERIFY_BYTES = 256 << 20  # stores up to this size are checksummed at every open
 
 
@@ -242,10 +242,11 @@ def build_store(spec: StoreSpec, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bpe_texts(spec: StoreSpec, docs: Documents) -> Iterator[list[str]]:
-    """Batches of train text for the BPE: at most bpe_train_bytes, and, when val is the tail of the stream, the
-    first (1 - val_fraction) of its bytes, and of max_tokens (a byte-level token covers a byte or more, so those
-    bytes end inside the train tokens); the row that crosses the limit gives its first bytes."""
+def bpe_texts(spec: StoreSpec, docs: Documents) -> Iterator[str]:
+    """The train texts for the BPE, one at a time (tokenizers' trainer buffers 256 of the items it is given, so
+    an item is one document or piece, not a batch of them): at most bpe_train_bytes, and, when val is the tail of
+    the stream, the first (1 - val_fraction) of its bytes, and of max_tokens (a byte-level token covers a byte or
+    more, so those bytes end inside the train tokens); the row that crosses the limit gives its first bytes."""
     limit = float(spec.bpe_train_bytes or math.inf)
     if docs.val is None and spec.max_tokens:
         limit = min(limit, (1.0 - spec.val_fraction) * spec.max_tokens)
@@ -261,7 +262,7 @@ def bpe_texts(spec: StoreSpec, docs: Documents) -> Iterator[list[str]]:
         if keep < table.num_rows:
             rest = int(limit - seen - sizes[:keep].sum())
             texts.append((table.column("text")[keep].as_py() or "").encode()[:rest].decode(errors="ignore"))
-        yield texts
+        yield from texts
         seen += int(sizes.sum())
         if keep < table.num_rows:
             return

@@ -21,7 +21,7 @@ from minillm import _compat
 from minillm.data.corpus import Documents
 from minillm.data.tokenizer import DOC_SEPARATOR, Tokenizer, code_points, token_dtype
 
-ROWS_PER_BATCH = {False: 1000, True: 4}  # tokenization batch: documents, or ~1 MB pieces of plain-text files
+ROWS_PER_BATCH = {False: 1000, True: 64}  # tokenization batch: documents, or ~64 KB pieces of plain-text files
 SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
 COPY = 1 << 24  # tokens per chunk when moving the held-out tail
 

@@ -305,3 +305,21 @@ def test_a_big_store_changed_in_place_is_caught_by_the_first_batch_outside_the_v
                                         r"written; delete that folder"):
         dm.on_before_batch_transfer(batch, 0)
 
+
+
+def test_the_bpe_trainer_is_fed_one_piece_at_a_time(tmp_path: Path, monkeypatch):
+    """tokenizers' trainer holds 256 of the items it is given: an item is one piece of a plain-text file, never a
+    batch of them, so what it holds is bounded by the piece size, not by the corpus. The merges are those of the
+    whole text."""
+    from minillm.data import corpus as C
+    from minillm.data.tokenizer import train_bpe
+
+    monkeypatch.setattr(C, "PIECE_BYTES", 2000)
+    (tmp_path / "a.txt").write_text("\n".join(mixed_text(60, s) for s in range(400)))
+    spec = S.StoreSpec(C.CorpusSpec(source="files", files=(str(tmp_path / "a.txt"),)), tokenizer="bpe",
+                       vocab_size=400)
+    docs = C.load_documents(spec.corpus, tmp_path / "work")
+    items = list(S.bpe_texts(spec, docs))
+    assert len(items) > 20 and all(isinstance(t, str) and len(t.encode()) < 2000 + 400 for t in items)
+    whole = train_bpe([items], 400)  # the same texts in one item
+    assert whole.hf.to_str() == train_bpe(iter(items), 400).hf.to_str()
