@@ -45,4 +45,4 @@ def test_readme_states_the_command_ci_runs_and_has_no_placeholders():
     assert f"\n{command}\n" in readme and command in ci
     assert not re.findall(r"\b[A-Z]{3,}_[A-Z_]{3,}\b", readme.replace("WANDB_MODE", "").replace(
         "MINILLM_CACHE", "").replace("TORCH_VERSION", "").replace("TRITON_INTERPRET", "").replace(
-        "ATEN_CPU_CAPABILITY", ""))
+        "ATEN_CPU_CAPABILITY", "").replace("TORCHINDUCTOR_CACHE_DIR", ""))
