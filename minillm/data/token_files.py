@@ -23,16 +23,20 @@ from minillm.data.tokenizer import DOC_SEPARATOR, Tokenizer, code_points, token_
 
 ROWS_PER_BATCH = {False: 1000, True: 64}  # tokenization batch: documents, or ~64 KB pieces of plain-text files
 SMALL_CORPUS = 32 << 20  # bytes of Arrow text below which tokenizing in one process is faster than forking
+FORK_FROM_CORES = 4  # fewer cores: one process (forked workers were no faster on 2 and cost ~100-250 MB each)
 COPY = 1 << 24  # tokens per chunk when moving the held-out tail
 
 
 def auto_num_proc(ds: datasets.Dataset | datasets.IterableDataset, threaded: bool) -> int:
-    """Tokenizing processes when data.num_proc is not set: 1 for a stream, a small corpus, or a Hugging Face
+    """Tokenizing processes when data.num_proc is not set: 1 for a stream, a small corpus, a Hugging Face
     tokenizer (``threaded``: its encode_batch already runs on every core, and forked workers, one thread each,
-    were slower: 0.66M vs 0.48-0.56M tokens/s on 2 cores, experiments/benchmarks/data); else the cores, up to 8."""
-    if threaded or not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS:
+    were slower: 0.66M vs 0.48-0.56M tokens/s on 2 cores, experiments/benchmarks/data), or a machine of fewer
+    than FORK_FROM_CORES cores (char and byte on 2 cores, 150 MB: 12.1 s vs 12.9 s and 1.9 s vs 3.3 s for one
+    process vs two, each forked worker holding its own copy of the parent's touched heap); else the cores, up to 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if threaded or not isinstance(ds, datasets.Dataset) or ds.data.nbytes < SMALL_CORPUS or cores < FORK_FROM_CORES:
         return 1
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return min(8, cores)
 
 
 def texts_of(table: pa.Table, pieces: bool) -> tuple[list[str], list[bool]]:

@@ -323,3 +323,18 @@ def test_the_bpe_trainer_is_fed_one_piece_at_a_time(tmp_path: Path, monkeypatch)
     assert len(items) > 20 and all(isinstance(t, str) and len(t.encode()) < 2000 + 400 for t in items)
     whole = train_bpe([items], 400)  # the same texts in one item
     assert whole.hf.to_str() == train_bpe(iter(items), 400).hf.to_str()
+
+
+@pytest.mark.parametrize(("cores", "threaded", "mb", "expected"), [
+    (2, False, 40, 1),   # few cores: one process, whatever the corpus
+    (4, False, 40, 4),   # char/byte on a large corpus: the cores
+    (16, False, 40, 8),  # at most 8
+    (16, False, 1, 1),   # a small corpus: forking costs more than it saves
+    (16, True, 40, 1),   # a Hugging Face tokenizer's own threads use every core
+])
+def test_tokenizing_processes_by_default(monkeypatch, cores, threaded, mb, expected):
+    from minillm.data.token_files import auto_num_proc
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    ds = datasets.Dataset.from_dict({"text": ["x" * (1 << 20)] * mb})
+    assert auto_num_proc(ds, threaded) == expected
