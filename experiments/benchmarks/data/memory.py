@@ -12,10 +12,10 @@ a user's own corpus and tokenizer. Each variant (char, byte, bpe, that tokenizer
 shares with its parent count once) is sampled every 20 ms; the
 same command on a 1 MB corpus is the baseline, so the result is what the corpus adds: peak - baseline peak,
 against the corpus's bytes. minillm tokenizes char and byte text in one process per core when the corpus is large
-(32 MB of text or more) and in one process below that, so the baseline is taken twice: as the same command, and
-with ``data.num_proc`` set to the processes the large corpus used, which leaves out what the extra processes
-cost whatever the corpus (each forked worker copies ~100-200 MB of its parent's Python heap as it touches it).
-The target is judged on the second.
+(32 MB of text or more) on 4 cores or more, and in one process otherwise, so the baseline is taken twice: as
+the same command, and with ``data.num_proc`` set to the processes the large corpus used, which leaves out what
+the extra processes cost whatever the corpus (each forked worker copies ~100-250 MB of its parent's Python heap
+as it touches it). The target is judged on the second.
 """
 
 from __future__ import annotations
