@@ -8,7 +8,8 @@ section; merged by key with experiments/benchmarks/kernels/report.py, so the tes
 step and the train step make one report), throughput-*.json (experiments/benchmarks/throughput, section c),
 preset.json (experiments/benchmarks/gpu/preset.py), tests.log / tests.xml (pytest), compile_check.txt and env.txt.
 Runs on any machine with the checkout: the standard library, matplotlib for the plot, and minillm.metrics for the
-metric names. Judges the targets (report.judge) and adds the preset's MFU target.
+metric names. Judges the targets (report.judge) and adds the preset's MFU target. Every step records the device it
+ran on; folders from two devices (an H100 step and an H200 step) are refused, to be merged one device at a time.
 """
 
 from __future__ import annotations
@@ -34,13 +35,17 @@ def _json(path: Path) -> dict | None:
 
 def collect(dirs: list[Path]) -> dict:
     """Everything the steps wrote, merged: kernel report sections by key, the rest as found."""
-    kernel = {}
+    kernel, devices = {}, {}
     out = {"throughput": [], "preset": [], "preset_meta": {}, "tests": [], "compile_check": [], "env": []}
     for d in dirs:
         for path in sorted(d.rglob("*")):
             if not path.is_file():
                 continue
             data = _json(path) if path.suffix == ".json" else None
+            if data and (data.get("device") or (data.get("meta") or {}).get("device")):
+                device = data.get("device") or data["meta"]["device"]
+                device = "cpu" if device.lower().startswith("cpu") else device  # a dry run's steps, however named
+                devices.setdefault(device, []).append(str(path))
             if data and "meta" in data and any(k in data for k in R.KEYS):
                 for section in R.KEYS:
                     kernel[section] = R.merge(kernel.get(section, []), data.get(section, []), section)
@@ -59,7 +64,11 @@ def collect(dirs: list[Path]) -> dict:
                 out["tests"].append("\n".join(tail))
             elif path.name in ("compile_check.txt", "env.txt"):
                 out[path.stem].append(path.read_text(errors="replace").strip())
-    return {"kernel": kernel, **out}
+    if len(devices) > 1:
+        ran = "; ".join(f"{d}: {', '.join(paths)}" for d, paths in sorted(devices.items()))
+        raise SystemExit(f"merge: error: the folders hold steps of {len(devices)} devices ({ran}); "
+                         "merge each device's folders on their own")
+    return {"kernel": kernel, "device": next(iter(devices), None), **out}
 
 
 def preset_targets(runs: list[dict]) -> list[dict]:
@@ -78,7 +87,7 @@ def preset_targets(runs: list[dict]) -> list[dict]:
 
 def markdown(merged: dict) -> str:
     kernel = merged["kernel"]
-    lines = [f"# First GPU contact: {kernel.get('meta', {}).get('device', 'unknown device')}", "",
+    lines = [f"# First GPU contact: {merged['device'] or 'unknown device'}", "",
              "Merged by experiments/benchmarks/gpu/merge.py from the steps of experiments/benchmarks/gpu/plan.sh.", ""]
     for title, key in (("Environment", "env"), ("GPU tests (pytest)", "tests"), ("sm_90 compile", "compile_check")):
         if merged[key]:
@@ -118,7 +127,7 @@ def main(argv=None) -> Path:
     kernel = merged["kernel"]
     kernel["targets"] = R.judge(kernel) if kernel else []
     merged["targets"] = kernel["targets"] + preset_targets(merged["preset"])
-    device = kernel.get("meta", {}).get("device") or "unknown-device"
+    device = merged["device"] or "unknown-device"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-")
     a.results.mkdir(parents=True, exist_ok=True)
     path = a.results / f"{slug}.json"

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.common.failure import failure, tail
 from experiments.common.layout import ROOT
 from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
 
@@ -62,12 +63,16 @@ def run_one(compiled: bool, stability: bool, steps: int, dry: bool, workdir: Pat
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         row["wall_s"] = time.perf_counter() - t0
-        if res.returncode != 0:
-            row["error"] = f"exit {res.returncode}: " + (res.stderr or res.stdout)[-1500:]
+        if res.returncode != 0:  # minillm's one-line error is on stdout or stderr: keep the end of both
+            last = (tail(res.stderr, 1) or tail(res.stdout, 1))[:300]
+            row.update(error=f"exit {res.returncode}: {last}", stdout_tail=tail(res.stdout),
+                       stderr_tail=tail(res.stderr))
         else:
             row.update(read_metrics(run_dir / "csv" / "metrics.csv"))
-    except Exception as e:  # a timeout or a missing log: an error row, the other runs go on
-        row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+    except subprocess.TimeoutExpired as e:  # what the run printed before it was stopped
+        row.update(error=f"timed out after {timeout} s", stdout_tail=tail(e.stdout), stderr_tail=tail(e.stderr))
+    except Exception as e:  # a missing log: an error row, the other runs go on
+        row.update(failure(e))
     return row
 
 
@@ -97,7 +102,7 @@ def main(argv=None) -> Path:
     a.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="minillm_preset_"))
     meta = {"what": "CPU dry run, model=tiny" if a.dry_run else "trainer=gpu model=gpt125m",
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": steps, "dry_run": a.dry_run}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": steps, "dry_run": a.dry_run, "device": _device()}
     rows = []
     for compiled in (True, False):
         for stability in (True, False):
@@ -107,6 +112,13 @@ def main(argv=None) -> Path:
             (a.out / "preset.md").write_text(markdown(rows, meta))
     print(f"wrote {a.out / 'preset.json'} and preset.md")
     return a.out / "preset.json"
+
+
+def _device() -> str:
+    """The CUDA device's name ("cpu" without one): merge.py refuses to put two devices' steps in one report."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from experiments.benchmarks.kernels import report as R
+from experiments.common.failure import failure
 
 ROWS = (4096, 16384, 65536)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
@@ -116,8 +117,7 @@ def bwd_bytes(m: int, n: int, es: int = 2) -> int:
 
 
 def _error(e: Exception) -> str:
-    msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-    return f"{type(e).__name__}: {msg}"
+    return failure(e)["error"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -359,7 +359,7 @@ def bench_train(args, device: str, save) -> None:
             try:
                 row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak)
             except Exception as e:  # a compile failure must not lose the other rows
-                row = {"norm": norm, "compiled": compiled, "error": _error(e)}
+                row = {"norm": norm, "compiled": compiled, **failure(e)}
             save("train_step", [row])
             print(f"train {norm:>14} compiled={compiled!s:5}  " + (row.get("error") or
                   f"{row['step_ms']:8.2f} ms/step {row['tokens_per_s']:10.0f} tok/s MFU {row.get('mfu')}"),
@@ -453,7 +453,7 @@ def main(argv=None) -> Path:
 
             report["compile_check"] = compile_check.check(hidden=compile_check.ALL_HIDDEN)
         except Exception as e:
-            report["compile_check"] = f"failed: {_error(e)}"
+            report["compile_check"] = "failed: " + failure(e)["traceback"]
     R.write(path, report)
     if args.mode in ("all", "kernels"):
         bench_kernels(args, device, copy, save)

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from experiments.common import reference  # noqa: E402  (imports Hydra and datasets only when (a) / (b) run)
+from experiments.common.failure import failure  # noqa: E402
 from experiments.common.machine import machine  # noqa: E402
 from minillm.callbacks.perf import analytic_flops_per_token  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
@@ -178,7 +179,7 @@ def section_c(steps: int = 30, skip: int = 10, batch: int = 16, seq_len: int = 1
                 row.update(_train_steps(dev, ModelConfig(max_seq_len=seq_len, norm=norm, **shape), compiled,
                                         steps, skip, batch, seq_len, peak))
             except Exception as e:  # one failing configuration must not lose the others
-                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e) else ''}"
+                row.update(failure(e))
             out.append(row)
             save(out)
             print(row, flush=True)
@@ -262,7 +263,8 @@ def main() -> None:
     tmp = Path(tempfile.gettempdir()) / "minillm-throughput"
     out = out_path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    res: dict = dict(machine=machine(), conditions=conditions(), args=vars(a), a=None, b=[])
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    res: dict = dict(machine=machine(), device=device, conditions=conditions(), args=vars(a), a=None, b=[])
 
     def save(section: str | None = None, value=None) -> None:
         if section:

@@ -1,0 +1,62 @@
+"""The GPU steps' tools: what the steps bring back becomes one report per device, and a failed row keeps its cause."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.benchmarks.gpu import merge, preset
+from experiments.common.failure import TRACEBACK_LINES, failure
+from minillm.metrics import MFU, TOKENS_PER_S
+
+
+def _step(folder: Path, device: str, tokens_per_s: float = 1000.0) -> Path:
+    """A preset step's and a train step's result files, as the steps write them on `device`."""
+    folder.mkdir(parents=True)
+    run = {"compiled": True, "stability": True, TOKENS_PER_S: tokens_per_s, MFU: 0.4, "wall_s": 60.0}
+    (folder / "preset.json").write_text(json.dumps({"meta": {"what": "x", "date": "d", "steps": 10,
+                                                             "device": device}, "runs": [run]}))
+    (folder / f"throughput-{device}.json").write_text(json.dumps({"device": device, "c": [
+        {"norm": "rmsnorm", "compiled": False, "tokens_per_s": tokens_per_s, "mfu": 0.3}]}))
+    return folder
+
+
+def test_steps_of_one_device_merge_into_that_devices_report(tmp_path):
+    a, b = _step(tmp_path / "a", "NVIDIA H100 80GB HBM3"), _step(tmp_path / "b", "NVIDIA H100 80GB HBM3")
+    path = merge.main([str(a), str(b), "--results", str(tmp_path / "results")])
+    assert path.name == "NVIDIA-H100-80GB-HBM3.json"
+    merged = json.loads(path.read_text())
+    assert merged["device"] == "NVIDIA H100 80GB HBM3" and len(merged["throughput"]) == 2
+    assert path.with_suffix(".md").read_text().startswith("# First GPU contact: NVIDIA H100 80GB HBM3")
+
+
+def test_steps_of_two_devices_are_refused_with_one_line(tmp_path):
+    a, b = _step(tmp_path / "a", "NVIDIA H100 80GB HBM3"), _step(tmp_path / "b", "NVIDIA H200")
+    with pytest.raises(SystemExit) as err:
+        merge.main([str(a), str(b), "--results", str(tmp_path / "results")])
+    message = str(err.value)
+    assert message.startswith("merge: error: the folders hold steps of 2 devices") and "\n" not in message
+    assert "NVIDIA H200: " in message and "merge each device's folders on their own" in message
+    assert not (tmp_path / "results").exists()  # nothing half-written
+
+
+def test_a_failed_row_keeps_the_root_cause_and_the_traceback():
+    def compile_step():
+        try:
+            {}["triton"]
+        except KeyError as e:
+            raise RuntimeError("backend='inductor' raised:") from e
+
+    try:
+        compile_step()
+    except RuntimeError as e:
+        row = failure(e)
+    assert row["error"] == "RuntimeError: backend='inductor' raised: <- KeyError: 'triton'"
+    assert "compile_step" in row["traceback"] and len(row["traceback"].splitlines()) <= TRACEBACK_LINES
+
+
+def test_a_failed_preset_run_keeps_the_end_of_both_streams(tmp_path, monkeypatch):
+    monkeypatch.setattr(preset, "ROOT", tmp_path)  # no train.py there: python exits 2 with its message on stderr
+    row = preset.run_one(compiled=False, stability=True, steps=2, dry=True, workdir=tmp_path, timeout=60)
+    assert row["error"].startswith("exit 2: ") and "train.py" in row["error"]
+    assert "No such file or directory" in row["stderr_tail"] and "stdout_tail" in row
