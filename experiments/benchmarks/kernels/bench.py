@@ -28,7 +28,7 @@ from pathlib import Path
 from experiments.benchmarks.kernels import report as R
 from experiments.common.failure import failure
 
-ROWS = (4096, 16384, 65536)
+ROWS = (16384, 65536, 4096)  # the shapes the targets judge (M >= 16K) first: a time limit loses the rest
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
 TUNE_HIDDEN = (1024, 2048, 4096, 8192, 16384)
 SMOKE_ROWS, SMOKE_HIDDEN = (64,), (32, 100)
