@@ -1,9 +1,12 @@
-"""PerfMonitor (minillm/callbacks/perf.py): the model it counts FLOPs on."""
+"""PerfMonitor (minillm/callbacks/perf.py): the model it counts FLOPs on, the device peak MFU divides by."""
 
 
 from __future__ import annotations
 
 import warnings
+
+import pytest
+import torch
 
 from minillm.model import ModelConfig
 
@@ -19,3 +22,15 @@ def test_the_model_the_perf_monitor_counts_on_gives_no_second_warning():
         warnings.simplefilter("always")
         meta_model(cfg)
     assert caught == []
+
+
+@pytest.mark.parametrize(("name", "peak"), [("NVIDIA H200", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                            ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA GeForce GTX 1080", None)])
+def test_the_device_peak_covers_cards_lightnings_table_lacks(monkeypatch, name, peak):
+    import minillm.callbacks.perf as P
+
+    monkeypatch.setattr(P, "get_available_flops", lambda device, dtype: None)  # as for a card Lightning lacks
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert P.device_peak_flops(torch.device("cuda"), torch.bfloat16) == peak
+    assert P.device_peak_flops(torch.device("cuda"), torch.float32) is None  # the table is dense bf16 / fp16
+    assert P.device_peak_flops(torch.device("cpu"), torch.bfloat16) is None

@@ -33,7 +33,6 @@ HIDDEN = (1024, 2048, 4096, 8192, 16384)
 TUNE_HIDDEN = (1024, 2048, 4096, 8192, 16384)
 SMOKE_ROWS, SMOKE_HIDDEN = (64,), (32, 100)
 EPS = 1e-6
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, if Lightning has none
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -327,20 +326,12 @@ def bench_tune(args, device: str, copy: float, save) -> None:
 
 
 def peak_flops(device: str) -> float | None:
+    """bf16 dense peak of the GPU, from minillm's one table (None on the CPU)."""
     import torch
 
-    if device != "cuda":
-        return None
-    try:
-        from lightning.fabric.utilities.throughput import get_available_flops
+    from minillm.callbacks.perf import device_peak_flops
 
-        peak = get_available_flops(torch.device("cuda"), torch.bfloat16)
-        if peak:
-            return float(peak)
-    except Exception:
-        pass
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return device_peak_flops(torch.device("cuda"), torch.bfloat16) if device == "cuda" else None
 
 
 def bench_train(args, device: str, save) -> None:

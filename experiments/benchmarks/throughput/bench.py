@@ -39,10 +39,8 @@ import torch.nn.functional as F  # noqa: E402
 from experiments.common import reference  # noqa: E402  (imports Hydra and datasets only when (a) / (b) run)
 from experiments.common.failure import failure  # noqa: E402
 from experiments.common.machine import machine  # noqa: E402
-from minillm.callbacks.perf import analytic_flops_per_token  # noqa: E402
+from minillm.callbacks.perf import analytic_flops_per_token, device_peak_flops  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
-
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense; if Lightning has none
 
 
 class _StepClock(L.Callback):
@@ -217,12 +215,8 @@ def _train_steps(dev, cfg: ModelConfig, compiled: bool, steps: int, skip: int, b
 
 
 def peak_flops(dev: torch.device) -> float | None:
-    """bf16 dense peak of the GPU: Lightning's table, else PEAK_BF16 by name."""
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    peak = get_available_flops(dev, torch.bfloat16)
-    name = torch.cuda.get_device_name(dev)
-    return float(peak) if peak else next((v for k, v in PEAK_BF16.items() if k in name), None)
+    """bf16 dense peak of the GPU (minillm's one table: Lightning's, else minillm's by device name)."""
+    return device_peak_flops(dev, torch.bfloat16)
 
 
 def conditions() -> dict:
