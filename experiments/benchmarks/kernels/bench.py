@@ -438,13 +438,6 @@ def main(argv=None) -> Path:
         report[section] = R.merge(report.get(section, []), rows, section)
         R.write(path, report, plot_too=False)  # the plot once at the end (report.py draws it from the JSON too)
 
-    if device == "cuda" and args.mode in ("all", "kernels", "tune"):
-        try:  # registers / spills / access widths of the kernels as this machine's Triton compiles them
-            from minillm.kernels import compile_check
-
-            report["compile_check"] = compile_check.check(hidden=compile_check.ALL_HIDDEN)
-        except Exception as e:
-            report["compile_check"] = "failed: " + failure(e)["traceback"]
     R.write(path, report)
     if args.mode in ("all", "kernels"):
         bench_kernels(args, device, copy, save)
