@@ -255,3 +255,13 @@ def test_measured_flops_match_the_analytic_count():
 
     cfg = ModelConfig(vocab_size=65, dim=64, n_layers=2, n_heads=4, max_seq_len=32)
     assert measured_flops_per_batch(cfg, 3, 32) == 3 * 32 * analytic_flops_per_token(cfg, 32)
+
+
+def test_the_causal_count_keeps_the_keys_the_mask_keeps():
+    """Causal attention does (T + 1) / 2 of the full count's attention work per token: at 125M shape (C 768,
+    L 12, T 1024) that is ~7% fewer FLOPs per token than the full count MFU uses."""
+    from minillm.callbacks.perf import analytic_flops_per_token
+
+    cfg = ModelConfig(vocab_size=65, dim=64, n_layers=2, n_heads=4, max_seq_len=32)
+    full, causal = analytic_flops_per_token(cfg, 32), analytic_flops_per_token(cfg, 32, causal=True)
+    assert full - causal == 12 * 2 * 64 * 32 - 6 * 2 * 64 * 33

@@ -61,13 +61,16 @@ def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     return next((v for k, v in PEAK_DENSE_HALF.items() if k in name), None)
 
 
-def analytic_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N (N: parameters of the matmuls, LM head included, embedding not) +
-    12 L C T for attention (QK^T and AV over all T keys, as PaLM's MFU and FlopCounterMode count it)."""
+def analytic_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False) -> float:
+    """Training FLOPs per token: 6 N (N: parameters of the matmuls, LM head included, embedding not) plus
+    attention. ``causal=False``: 12 L C T, QK^T and AV over all T keys, the convention of PaLM's MFU, nanoGPT and
+    FlopCounterMode (so of ``perf/mfu``); ``causal=True``: 6 L C (T + 1), only the keys a causal mask keeps (a
+    query at position t sees t keys: (T + 1) / 2 on average), the work a causal kernel actually does."""
     model = meta_model(cfg)
     n_matmul = sum(p.numel() for n, p in model.named_parameters()
                    if p.ndim == 2 and not n.startswith("tok_emb"))
-    return 6 * n_matmul + 12 * cfg.n_layers * cfg.dim * seq_len
+    attention = 6 * cfg.n_layers * cfg.dim * (seq_len + 1) if causal else 12 * cfg.n_layers * cfg.dim * seq_len
+    return 6 * n_matmul + attention
 
 
 def measured_flops_per_batch(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:

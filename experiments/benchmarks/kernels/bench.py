@@ -400,11 +400,13 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
         from minillm.callbacks.perf import analytic_flops_per_token  # imports lightning
 
         flops = analytic_flops_per_token(cfg, T) * tok_s
+        causal = analytic_flops_per_token(cfg, T, causal=True) * tok_s
     except Exception:
-        flops = None
+        flops = causal = None
     return {"norm": norm, "compiled": compiled, "dtype": "bf16", "params_M": model.num_params() / 1e6,
             "batch": batch, "seq_len": T, "step_ms": ms, "tokens_per_s": tok_s, "loss": loss.item(),
             "flops_per_s": flops, "peak_flops": peak, "mfu": flops / peak if flops and peak else None,
+            "mfu_causal": causal / peak if causal and peak else None,
             "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
 
 

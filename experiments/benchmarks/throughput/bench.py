@@ -210,7 +210,9 @@ def _train_steps(dev, cfg: ModelConfig, compiled: bool, steps: int, skip: int, b
     sync()
     tok_s = (steps - skip) * batch * seq_len / (time.perf_counter() - t0)
     flops = analytic_flops_per_token(cfg, seq_len) * tok_s
-    return dict(tokens_per_s=tok_s, flops_per_s=flops, mfu=flops / peak if peak else None, peak_flops=peak,
+    causal = analytic_flops_per_token(cfg, seq_len, causal=True) * tok_s
+    return dict(tokens_per_s=tok_s, flops_per_s=flops, mfu=flops / peak if peak else None,
+                mfu_causal=causal / peak if peak else None, peak_flops=peak,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None)
 
 
@@ -302,7 +304,7 @@ def markdown(res: dict) -> str:
             if "error" in r:
                 lines.append(f"| {r['norm']} | {r['compiled']} | error: {r['error']} | | |")
                 continue
-            mfu = "n/a" if r["mfu"] is None else round(r["mfu"], 3)
+            mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.3f} ({r.get('mfu_causal') or 0:.3f} causal)"
             mem = "" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
             lines.append(f"| {r['norm']} | {r['compiled']} | {r['tokens_per_s']:.0f} | {mfu} | {mem} |")
     return "\n".join(lines) + "\n"
