@@ -60,3 +60,11 @@ def test_a_failed_preset_run_keeps_the_end_of_both_streams(tmp_path, monkeypatch
     row = preset.run_one(compiled=False, stability=True, steps=2, dry=True, workdir=tmp_path, timeout=60)
     assert row["error"].startswith("exit 2: ") and "train.py" in row["error"]
     assert "No such file or directory" in row["stderr_tail"] and "stdout_tail" in row
+
+
+def test_a_step_whose_runs_all_failed_exits_non_zero_and_keeps_its_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(preset, "ROOT", tmp_path)  # every train.py run fails at once
+    with pytest.raises(SystemExit, match="4 of 4 runs failed"):
+        preset.main(["--out", str(tmp_path / "out"), "--dry-run", "--timeout", "60"])
+    rows = json.loads((tmp_path / "out" / "preset.json").read_text())["runs"]
+    assert len(rows) == 4 and all(r["error"].startswith("exit 2: ") for r in rows)

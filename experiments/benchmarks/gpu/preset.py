@@ -111,6 +111,8 @@ def main(argv=None) -> Path:
             (a.out / "preset.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))
             (a.out / "preset.md").write_text(markdown(rows, meta))
     print(f"wrote {a.out / 'preset.json'} and preset.md")
+    if any("error" in r for r in rows):  # the rows are written; the exit status says that some failed
+        raise SystemExit(f"preset: {sum('error' in r for r in rows)} of {len(rows)} runs failed; see preset.md")
     return a.out / "preset.json"
 
 

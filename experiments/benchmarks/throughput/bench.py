@@ -281,6 +281,9 @@ def main() -> None:
     save()
     print(markdown(res))
     print(f"wrote {out} and {out.with_suffix('.md')}")
+    failed = [r for r in res["c"] if "error" in r] if isinstance(res.get("c"), list) else []
+    if failed:  # the rows are written; the exit status says that some failed
+        raise SystemExit(f"bench: {len(failed)} configuration(s) of section c failed; see {out.with_suffix('.md')}")
 
 
 def markdown(res: dict) -> str:
