@@ -23,7 +23,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common.machine import machine, run_kernels
+from experiments.common import precondition as pc
+from experiments.common.machine import machine, provenance, run_kernels
 from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
 from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
 from minillm.compare import compare
@@ -55,13 +56,16 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                f"p = {res['p']:.2g}; engine: {res['engine']})" if lo is not None else f"{len(diffs)} seed(s)")
     used = [r for r in runs if r["norm"] in s9.NORMS and r["warmup_steps"] == WARMUP and math.isclose(r["lr"], LR)
             and r["seed"] in seeds]
-    md = (f"Analysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n"
+    gate = pc.none("a parity of two norms, measured on both")
+    md = (f"{pc.line(gate)}\n\n{provenance(used, lambda r: r['norm'])} The runs record no start time; their commit is "
+          f"the checkout they ran from.\n\nAnalysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup "
+          f"{WARMUP}, paired by seed.\n\n"
           f"{tab}\n\n"
           f"### Verdict (rule fixed before the runs)\n\nS: **{res['verdict']}**: ScaleNorm - LayerNorm {numbers}\n\n"
           f"Engine: minillm.verdicts.paired_t for the interval; verdicts.md for minillm.compare's full verdict.\n")
     return {"verdict": res["verdict"], "mean": res["diff"], "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
             "excludes_zero": excludes, "machine": machine(), "p": res["p"], "sd": res["sd"],
-            "engine_verdict": res["engine"]}, md
+            "engine_verdict": res["engine"], "precondition": [gate]}, md
 
 
 def engine(runs: Runs) -> dict:
