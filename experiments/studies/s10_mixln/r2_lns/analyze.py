@@ -43,6 +43,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write
 from experiments.studies.s10_mixln.r1_mixln import analyze as s10
 from minillm.metrics import VAL_LOSS, parse_metric
@@ -151,6 +152,35 @@ def holm_parts(runs: Runs) -> dict:
     return pre.parts(named)
 
 
+COLORS = {"pre": "tab:blue", "mix": "tab:green", "pre+LNS": "tab:red"}
+
+
+def plot(runs: Runs, out: Path) -> None:
+    """lns.png, per depth (rows): the residual RMS after each block at the end, the loss increase when each block is
+    dropped (log scale), and each seed's val loss; every seed drawn, per variant."""
+    plt = pyplot()
+    depths = sorted({r["n_layers"] for r in runs})
+    fig, axes = plt.subplots(len(depths), 3, figsize=(12, 3.2 * len(depths)))
+    for row, L in zip(axes, depths, strict=True):
+        for v in VARIANTS:
+            rs = sorted((r for r in runs if variant(r) == v and r["n_layers"] == L), key=lambda r: r["seed"])
+            for k, r in enumerate(rs):
+                label = v if k == 0 else None
+                last = {resid_layer(m): pts[-1][1] for m, pts in r["curves"].items() if resid_layer(m) is not None}
+                if last:
+                    row[0].plot([i + 1 for i in sorted(last)], [last[i] for i in sorted(last)], color=COLORS[v],
+                                lw=0.9, label=label)
+                if r.get("layer_drop"):
+                    drops = [max(d, 1e-5) for d in r["layer_drop"]["drop"]]
+                    row[1].semilogy(range(1, len(drops) + 1), drops, color=COLORS[v], lw=0.9, label=label)
+                row[2].scatter([VARIANTS.index(v)], [final_loss(r)], color=COLORS[v], s=18)
+        row[0].set(title=f"L = {L}: residual RMS after block i, end", xlabel="block", yscale="log")
+        row[1].set(title="loss increase when block i is dropped (floor 1e-5)", xlabel="block")
+        row[2].set(title="final val loss per seed", xticks=range(len(VARIANTS)), xticklabels=VARIANTS)
+        row[0].legend(fontsize=8)
+    save(fig, out / "lns.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(__doc__, argv)
     out = args.out or HERE
@@ -167,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         r["layer_drop"] = drops.get(s10.key(r) + ("_lns" if variant(r) == "pre+LNS" else ""))
     results, md = analyze(runs)
     write(out, results, md)
+    plot(runs, out)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ import torch
 
 from experiments.common import precondition as pre
 from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from experiments.studies.s10_mixln.r1_mixln import analyze as s10
 from experiments.studies.s10_mixln.r2_lns import analyze as lns
@@ -195,6 +196,27 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "machine": machine()}, md
 
 
+def plot(runs: Runs, out: Path) -> None:
+    """why.png, per arm: each seed's val loss, deep-half layer drop and deep input scale, Pre-LN and Pre-LN + LNS."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    measures = (("val loss", final_loss), ("layer-drop loss, 2nd half (log)",
+                                           lambda r: max(s10.second_half(r["measures"]["drop"]), 1e-5)),
+                ("deep input scale", lambda r: r["measures"]["deep_input_scale"]))
+    for ax, (title, value) in zip(axes, measures, strict=True):
+        for k, a in enumerate(ARMS):
+            for j, v in enumerate(VARIANTS):
+                ys = [value(r) for r in runs if arm(r) == a and lns.variant(r) == v and r["n_layers"] == DEPTH
+                      and r.get("measures")]
+                ax.scatter([k + (j - 0.5) * 0.25] * len(ys), ys, color=("tab:blue", "tab:red")[j], s=18,
+                           label=v if k == 0 else None)
+        ax.set(title=title, xticks=range(len(ARMS)), xticklabels=[f"{a}\n({STEPS[a]} steps)" for a in ARMS])
+        if "log" in title:
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    save(fig, out / "why.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweeps", nargs="*", help="this round's sweep folders; none: the committed runs and measures")
@@ -212,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for r in runs:
         r["measures"] = measures.get(key(r))
     write(args.out, *analyze(runs))
+    plot(runs, args.out)
 
 
 if __name__ == "__main__":

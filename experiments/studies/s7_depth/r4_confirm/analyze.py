@@ -27,6 +27,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pc
 from experiments.common.machine import machine, provenance
+from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
@@ -46,6 +47,24 @@ NAMES = {("post", "gpt2"): "Post-LN", ("deepnorm", "deepnet"): "DeepNorm (alpha 
 
 def stalled(run: dict) -> bool:
     return is_stalled(run, STALL_MARGIN)
+
+
+def plot(runs, cells: dict, out: Path) -> None:
+    """confirm.png: the train loss of every run per arm (stalled runs red), the unigram loss dashed."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(ARMS), figsize=(4 * len(ARMS), 3.4), sharey=True)
+    for ax, arm in zip(axes, ARMS, strict=True):
+        c = cells[arm]
+        for r in sorted(runs.where(placement=arm[0], init=arm[1]), key=lambda r: r["seed"]):
+            if r["curves"].get(TRAIN_LOSS):
+                ax.plot(*xy(r["curves"][TRAIN_LOSS]), lw=0.8, alpha=0.8, color="tab:red" if stalled(r) else "tab:blue")
+        ax.axhline(c["unigram"], ls="--", color="k", lw=0.8, label=f"unigram loss {c['unigram']:.3f}")
+        ax.set_title(f"{NAMES[arm]}: {c['stalled']}/{c['runs']} stalled", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylim(1.8, 4.6)
+    axes[0].set_ylabel("train loss (red: stalled)")
+    axes[0].legend(fontsize=8)
+    save(fig, out / "confirm.png")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -91,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     write(out, {"cells": {f"{a[0]}+{a[1]}": c for a, c in cells.items()}, "fisher_p": p, "confirmed": confirmed,
                 "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "precondition": [gate],
                 "machine": machine()}, md)
+    plot(runs, cells, out)
 
 
 if __name__ == "__main__":
