@@ -174,8 +174,14 @@ def plot(runs: Runs, results: dict, out: Path) -> None:
         ys = [results["grid_mean_loss"][f"{lr:g}/{a:g}"] for a in ALPHA0]
         line = left.plot(ALPHA0, ys, marker="o", label=f"DyT, lr {lr:g}")[0]
         left.axhline(results["rmsnorm_mean_loss"][f"{lr:g}"], color=line.get_color(), ls="--", lw=1)
+        for a in ALPHA0:  # each seed
+            seeds = cell(runs, "dyt", lr, SHORT, a).values()
+            left.scatter([a] * len(seeds), list(seeds), color=line.get_color(), s=8, alpha=0.5)
+    unigram = mean(r.get("unigram_loss") for r in runs)
+    for ax in (left, right):
+        ax.axhline(unigram, color="k", ls=":", lw=1, label=f"unigram loss {unigram:.3f}")
     left.set(xscale="log", xlabel="alpha0", ylabel=f"final val loss, {SHORT} steps (mean of seeds)",
-             title="DyT vs alpha0 (dashed: RMSNorm at that lr)")
+             title="DyT vs alpha0 (dashed: RMSNorm at that lr; dots: seeds)")
     left.legend(fontsize=8)
     a0 = results["h1"]["long_alpha0"]
     for r in runs:

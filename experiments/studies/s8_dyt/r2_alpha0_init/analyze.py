@@ -122,7 +122,7 @@ def analyze(runs: Runs, saturation: dict[str, list[float]] | None = None) -> tup
             "precondition": gates, "d2_against": {"near": near, "shrunk": shrunk}}, md
 
 
-def plot(results: dict, out: Path) -> None:
+def plot(results: dict, out: Path, runs: Runs | None = None) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     alphas = sorted({*SMALL_ALPHA0, *s8.ALPHA0})
@@ -132,6 +132,13 @@ def plot(results: dict, out: Path) -> None:
     ax.plot(XAVIER_ALPHA0, [results["xavier"][f"dyt/{a:g}"] for a in XAVIER_ALPHA0], marker="s", color="k",
             label="DyT, unit-scale embeddings, lr 3e-3")
     ax.axhline(results["xavier"]["rmsnorm"], color="k", ls="--", lw=1, label="RMSNorm, unit-scale embeddings")
+    if runs:  # each seed of the xavier arm, and the unigram loss the GPT-2-init plateau sits on
+        for a in XAVIER_ALPHA0:
+            ys = [loss_for_comparison(r) for r in runs if r.get("init") == "xavier" and r.get("norm") == "dyt"
+                  and s8.alpha0(r) == a]
+            ax.scatter([a] * len(ys), ys, color="k", s=8, alpha=0.5)
+        unigram = mean(r.get("unigram_loss") for r in runs)
+        ax.axhline(unigram, color="grey", ls=":", lw=1, label=f"unigram loss {unigram:.3f}")
     ax.set(xscale="log", xlabel="alpha0", ylabel="final val loss, 400 steps (seed mean)", title="S8 round 2")
     ax.legend(fontsize=7)
     save(fig, out / "round2.png")
@@ -142,9 +149,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or HERE
     new = load(HERE, args.sweeps, lambda k: False, out)
     round1 = load(s8.HERE, [], lambda k: False)
-    results, md = analyze(Runs([*round1, *new]))
+    runs = Runs([*round1, *new])
+    results, md = analyze(runs)
     write(out, results, md)
-    plot(results, out)
+    plot(results, out, runs)
 
 
 if __name__ == "__main__":
