@@ -115,14 +115,20 @@ def xiong_premise(init: str) -> dict:
 def plot(runs: Runs, out: Path) -> None:
     plt = pyplot()
     depths, lrs, warmups = runs.values("n_layers"), runs.values("lr"), runs.values("warmup_steps")
+    unigram = mean(r.get("unigram_loss") for r in runs)
     fig, axes = plt.subplots(1, len(depths) * 2, figsize=(4.2 * len(depths) * 2, 3.6), sharey=True)
     for ax, (depth, placement) in zip(axes, [(d, p) for d in depths for p in ("pre", "post")], strict=True):
         for w in warmups:
             ys = [mean(map(loss_for_comparison, runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w)))
                   for lr in lrs]
-            ax.plot(lrs, ys, marker="o", label=f"warmup {w}")
+            line = ax.plot(lrs, ys, marker="o", label=f"warmup {w}")[0]
+            for lr in lrs:  # each seed
+                seeds = [loss_for_comparison(r) for r in runs.where(n_layers=depth, placement=placement, lr=lr,
+                                                                     warmup_steps=w)]
+                ax.scatter([lr] * len(seeds), seeds, color=line.get_color(), s=8, alpha=0.5)
+        ax.axhline(unigram, color="k", ls=":", lw=1)
         ax.set(xscale="log", title=f"{placement}-LN, L={depth}", xlabel="peak lr")
-    axes[0].set_ylabel("final val loss (nats/char)")
+    axes[0].set_ylabel(f"final val loss (dots: seeds; dotted: unigram {unigram:.3f})")
     axes[0].legend()
     save(fig, out / "loss_vs_lr.png")
 
@@ -134,6 +140,7 @@ def plot(runs: Runs, out: Path) -> None:
                 steps, values = xy(r["curves"][TRAIN_LOSS])
                 ax.plot(steps, values, color=f"C{warmups.index(w)}", alpha=0.8,
                         label=f"warmup {w}" if i == 0 else None)
+        ax.axhline(unigram, color="k", ls=":", lw=1, label="unigram loss" if placement == "pre" else None)
         ax.set(title=f"{placement}-LN, L={depth}, lr {fmt(lr, 4)}: train loss", xlabel="step", ylim=(1.5, 4.6))
     axes[0].legend()
     save(fig, out / "train_loss_deepest_highest_lr.png")

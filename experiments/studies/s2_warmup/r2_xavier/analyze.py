@@ -87,7 +87,13 @@ def plot(runs: Runs, out: Path) -> None:
         for w in (0, WARMUP):
             ax.plot(lrs, [mean(map(loss_for_comparison, cell(runs, p, lr, w))) for lr in lrs], marker="o",
                     color=f"C{i}", ls="-" if w else "--", label=f"{p}-LN, warmup {w}")
-    ax.set(xscale="log", xlabel="peak lr", ylabel="final val loss (seed mean)", title="S2, init xavier, L = 12")
+            for lr in lrs:  # each seed
+                ys = [loss_for_comparison(r) for r in cell(runs, p, lr, w)]
+                ax.scatter([lr * (1.06 if w else 0.94)] * len(ys), ys, color=f"C{i}", s=9, alpha=0.5)
+    unigram = mean(r.get("unigram_loss") for r in runs)
+    ax.axhline(unigram, color="k", ls=":", lw=1, label=f"unigram loss {unigram:.3f}")
+    ax.set(xscale="log", xlabel="peak lr", ylabel="final val loss (seed mean; dots: seeds)",
+           title="S2, init xavier, L = 12")
     ax.legend(fontsize=8)
     save(fig, out / "xavier.png")
 

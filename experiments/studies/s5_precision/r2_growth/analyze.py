@@ -247,11 +247,12 @@ def plot(runs: Runs, out: Path) -> None:
     fig, axes = plt.subplots(1, len(PLACEMENTS), figsize=(13, 3.8), sharey=True)
     for ax, p in zip(axes, PLACEMENTS, strict=True):
         for j, L in enumerate(DEPTHS):
-            for k, r in enumerate(r for r in main if r["placement"] == p and r["n_layers"] == L and r["seed"] == 0):
+            for k, r in enumerate(r for r in main if r["placement"] == p and r["n_layers"] == L):
                 prof = profile(r)
                 if prof:
-                    ax.plot(range(1, len(prof) + 1), prof, color=f"C{j}", label=f"L={L}" if k == 0 else None)
-        ax.set(yscale="log", xlabel="block i", title=f"{p}-LN: residual RMS after block i (end, seed 0)")
+                    ax.plot(range(1, len(prof) + 1), prof, color=f"C{j}", ls="-" if r["seed"] == SEEDS[0] else "--",
+                            label=f"L={L}" if k == 0 else None)
+        ax.set(yscale="log", xlabel="block i", title=f"{p}-LN: residual RMS after block i (end; seeds: - / --)")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("residual RMS")
     save(fig, out / "growth.png")
