@@ -27,6 +27,9 @@
   every run of an arm failed, and arms that ran on different CPU kernels, torch versions or git commits while
   their difference is below PROVENANCE_NOISE (or the metric is not in nats). Others: a best lr at a grid edge,
   runs without a partner seed, repeated seeds, runs without the metric, a bootstrap verdict that differs.
+- **The evaluation windows** (``window_error``): the t interval adds the sampling error of the evaluated windows
+  (minillm.verdicts.window_se, with_window_error; per-window losses from minillm.runs.eval_windows), paired when
+  every run holds as many windows (one eval set). Without them for some run: the seeds' interval, and a warning.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 
 from minillm import verdicts as st
 from minillm.outcome import failed_of, loss_for_comparison
-from minillm.runs import group_runs, hashable, label, sort_key
+from minillm.runs import eval_windows, group_runs, hashable, label, sort_key
 
 LOSSES = ("final_val_loss", "best_val_loss", "test_loss")  # losses in nats, with ln V as their ceiling
 # config keys that split a comparison into strata when they vary within an arm, in this order (a key that follows
@@ -245,9 +248,21 @@ def _by_seed(records: Sequence[Mapping], metric: str) -> tuple[dict[Any, list[fl
     return usable, set(counts), sorted((s for s, c in counts.items() if c > 1), key=sort_key)
 
 
+def _window_interval(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, a_vals: Sequence[float],
+                     b_vals: Sequence[float], paired: bool, alpha: float) -> tuple[dict | None, str | None]:
+    """with_window_error's interval from the usable runs' per-window losses, or (None, the warning why not)."""
+    found = [[eval_windows(dict(r), metric) for r in rs if _usable(r, metric)] for rs in (arm, base)]
+    if any(w is None for ws in found for w in ws) or not all(found):
+        return None, (f"no per-window losses of {metric} for some compared runs (LitLM's eval_windows): the "
+                      "interval leaves out the sampling error of the evaluation windows")
+    same = len({len(w) for ws in found for w in ws}) == 1
+    se, n_windows = st.window_se(*found, paired=same)
+    return st.with_window_error(a_vals, b_vals, paired, se, n_windows, alpha), None
+
+
 def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = "final_val_loss",
                  margin: float = 0.02, alpha: float = 0.05, paired_by: str = "auto", higher_is_better: bool = False,
-                 interval: str = "t") -> dict:
+                 interval: str = "t", window_error: bool = False) -> dict:
     """The comparison of one arm's runs with the baseline's (both at their compared lr): the difference, its
     intervals, p, the verdict, failures and warnings (fields of verdicts.json, without arm, stratum and lrs)."""
     warnings: list[str] = []
@@ -278,6 +293,10 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = 
         t = st.welch_t(a_vals, b_vals, alpha)
     boot = st.bootstrap(a_vals, b_vals, alpha, paired=paired)
     chosen, method = (t["ci_low"], t["ci_high"]), t["method"]
+    windowed, why = _window_interval(arm, base, metric, a_vals, b_vals, paired, alpha) if window_error else (None, None)
+    warnings += [why] if why else []
+    if windowed is not None and windowed["ci_low"] is not None:
+        chosen, method, t = (windowed["ci_low"], windowed["ci_high"]), windowed["method"], {**t, "p": windowed["p"]}
     boot_name = "paired bootstrap (BCa)" if paired else "bootstrap (BCa), unpaired"
     if interval == "bootstrap" and boot is not None:
         chosen, method = boot, boot_name
@@ -313,6 +332,7 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = 
         "diverged_arm": sum(bool(r.get("diverged")) for r in arm),
         "diverged_baseline": sum(bool(r.get("diverged")) for r in base),
         "fail_arm_ci": st.exact_ci(fail_a, len(arm), alpha), "fail_baseline_ci": st.exact_ci(fail_b, len(base), alpha),
+        **({"window_interval": windowed} if window_error else {}),
         "pairs_left_out": pairs_left_out, "seeds": seeds,
         "arm_seeds": sorted(a_all, key=sort_key), "baseline_seeds": sorted(b_all, key=sort_key),
     }
@@ -323,7 +343,8 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str = 
 
 def compare(runs: Iterable[Any], factor: str, baseline: str, *, metric: str = "final_val_loss", margin: float = 0.02,
             alpha: float = 0.05, lr: str | float = "tuned", paired_by: str = "auto", higher_is_better: bool = False,
-            interval: str = "t", run_check: Callable[[Mapping], str | None] | None = None) -> dict:
+            interval: str = "t", run_check: Callable[[Mapping], str | None] | None = None,
+            window_error: bool = False) -> dict:
     """Every arm of ``factor`` against ``baseline`` in every stratum (module docstring): the verdicts.json dict,
     {factor, baseline, metric, margin, alpha, lr_rule, ..., comparisons: [...]}. ``run_check`` may flag compared
     runs (e.g. started before a plan): its message becomes a warning of each comparison holding such runs.
@@ -350,7 +371,8 @@ def compare(runs: Iterable[Any], factor: str, baseline: str, *, metric: str = "f
                 continue
             arm_lr, arm_grid, arm_warn = lrs[value]
             arm_runs = [r for r in rs if r.get("lr") == arm_lr]
-            result = compare_pair(arm_runs, base_runs, metric, margin, alpha, paired_by, higher_is_better, interval)
+            result = compare_pair(arm_runs, base_runs, metric, margin, alpha, paired_by, higher_is_better, interval,
+                                  window_error)
             flagged = defaultdict(list)
             for r in [*arm_runs, *base_runs] if run_check else []:
                 if message := run_check(r):
@@ -365,6 +387,7 @@ def compare(runs: Iterable[Any], factor: str, baseline: str, *, metric: str = "f
         c["p_holm"] = p
     return {"factor": factor, "baseline": base_value, "metric": metric, "margin": margin, "alpha": alpha,
             "lr_rule": lr, "higher_is_better": higher_is_better, "paired_by": paired_by, "interval": interval,
+            **({"window_error": True} if window_error else {}),
             "strata_keys": keys, "n_runs": len(records),
             "left_out": sorted(str(r.get("run_dir")) for r in found if r.get("status") == "preempted"),
             "notes": notes, "comparisons": [_ordered(c) for c in comparisons]}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
@@ -31,12 +33,18 @@ class LitLM(L.LightningModule):
     uncompiled instead (StabilityMonitor asks for it on the steps it measures, so its forward hooks fire: hooks
     added to a compiled model are not seen). ``run_settings`` (plain values: optimizer, schedule, data, ...) is
     stored in checkpoints, so a resumed run can be checked against the settings it was trained with.
+    With ``eval_windows_dir`` (train.py: the run folder), each validation and test pass also saves the mean loss of
+    every evaluated window, in the windows' order, as ``val_windows.npy`` / ``test_windows.npy`` there (float64;
+    each validation replaces the one before, so the file holds the final one; its mean is val/loss): what an
+    interval needs to include the sampling error of the evaluation windows (minillm.verdicts.window_se,
+    docs/comparing.md).
     """
 
     def __init__(self, model: ModelConfig | dict, optimizer: Callable | None = None,
                  scheduler: Callable | None = None, decay_norms: bool = False, decay_embeddings: bool = False,
                  z_loss: float = 0.0, compile: bool = False, compile_backend: str = "inductor",
-                 compile_mode: str | None = None, run_settings: dict | None = None):
+                 compile_mode: str | None = None, run_settings: dict | None = None,
+                 eval_windows_dir: str | None = None):
         super().__init__()
         check_bool("module.decay_norms", decay_norms)
         check_bool("module.decay_embeddings", decay_embeddings)
@@ -61,6 +69,7 @@ class LitLM(L.LightningModule):
         self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
         # nats and UTF-8 bytes of the evaluated targets (fp64 sums, synced over processes like eval_ce)
         self.eval_nats, self.eval_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
+        self._window_losses: list[Tensor] = []  # per-window mean losses of the running pass (eval_windows_dir)
 
     def setup(self, stage: str) -> None:
         try:
@@ -108,6 +117,8 @@ class LitLM(L.LightningModule):
         x, y = batch
         nats = F.cross_entropy(self(x).float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,), once
         self.eval_ce.update(nats.mean(), weight=y.numel())
+        if self.hparams.eval_windows_dir:
+            self._window_losses.append(nats.detach().double().view(y.shape).mean(dim=1).cpu())  # (B,)
         if self.token_bytes is not None:
             if self.token_bytes.device != y.device:
                 self.token_bytes = self.token_bytes.to(y.device)
@@ -133,6 +144,25 @@ class LitLM(L.LightningModule):
             self.eval_nats.reset()
             self.eval_bytes.reset()
             self.log(eval_metric(stage, "bpb"), (nats / math.log(2) / nbytes.clamp(min=1)).float(), sync_dist=True)
+        if self.hparams.eval_windows_dir:
+            self._save_windows(stage)
+
+    def _save_windows(self, stage: str) -> None:
+        """Write this pass's per-window losses, every process's share in rank order (each holds a contiguous
+        share of the windows), to <eval_windows_dir>/<stage>_windows.npy; nothing during the sanity check."""
+        mine = torch.cat(self._window_losses) if self._window_losses else torch.zeros(0, dtype=torch.float64)
+        self._window_losses = []
+        trainer = self.trainer
+        if trainer.sanity_checking:
+            return
+        shares = [mine]
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            shares = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shares, mine)
+        if trainer.is_global_zero:
+            folder = Path(self.hparams.eval_windows_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            np.save(folder / f"{stage}_windows.npy", torch.cat(shares).numpy())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint of another model config (placement or eps differ without any state_dict error)."""

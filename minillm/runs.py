@@ -88,3 +88,25 @@ def group_runs(runs: Iterable[Any], keys: Sequence[str]) -> dict[tuple, list[Any
     for r in runs:
         groups[tuple(hashable(r.get(k)) for k in keys)].append(r)
     return dict(sorted(groups.items(), key=lambda kv: [sort_key(v) for v in kv[0]]))
+
+
+WINDOW_FILES = {"final_val_loss": "val_windows.npy", "test_loss": "test_windows.npy"}  # metric -> LitLM's file
+
+
+def eval_windows(record: dict[str, Any], metric: str) -> list[float] | None:
+    """The per-window losses behind a run's ``metric`` (final_val_loss: the last validation's, test_loss: the test
+    pass's): ``record["val_windows"]`` / ``record["test_windows"]`` when the record carries them, else the .npy
+    LitLM saved in the run folder (``run_dir``); None for another metric or when neither exists."""
+    name = WINDOW_FILES.get(metric)
+    if name is None:
+        return None
+    given = record.get(name.removesuffix(".npy"))
+    if given is not None:
+        return [float(v) for v in given]
+    folder = record.get("run_dir")
+    path = Path(folder) / name if folder else None
+    if path is None or not path.exists():
+        return None
+    import numpy as np
+
+    return [float(v) for v in np.load(path)]

@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "seeds) or not (Welch's interval)")
     g.add_argument("--interval", choices=INTERVALS, help="the interval the verdict uses: t (default) or bootstrap "
                    "(BCa, from 8 pairs; below that, t)")
+    g.add_argument("--window-error", action="store_true", help="add the sampling error of the evaluation windows to "
+                   "each interval (from the runs' val_windows.npy / test_windows.npy; docs/comparing.md)")
     g.add_argument("--plan", nargs="?", const="auto", metavar="PATH", help="grade by a recorded plan (plan.json, "
                    "default: found in or above the sweep folder); its rules replace the options above")
     g.add_argument("--wandb", action="store_true", help="log the verdicts and the forest plot to a W&B run "
@@ -88,7 +90,7 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace, runs: Seq
             if missing:
                 parser.error(f"{' and '.join(missing)} missing: a comparison needs --compare FACTOR --baseline VALUE")
             rules = given
-        result = compare(records, run_check=check, **rules)
+        result = compare(records, run_check=check, **rules, window_error=bool(getattr(args, "window_error", False)))
     except (CompareError, plans.PlanError) as err:
         parser.error(str(err))
     return plans.apply(result, info) if info else result

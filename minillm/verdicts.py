@@ -12,6 +12,11 @@ Every distribution comes from scipy.stats. A difference is always ``arm - baseli
     holm(pvalues)                      Holm's step-down adjustment of a family of p-values
     verdict(low, high, margin, higher_is_better)   the verdict vocabulary (VERDICTS)
     seeds_needed(diff, sd, margin, alpha)          pairs a paired t interval would need to decide
+    against_threshold(values, threshold, direction, alpha)   a seed mean against a fixed threshold: its t
+                                       interval and the one-sided p of "the rule's side of the threshold"
+    window_se(arm_windows, baseline_windows, paired)  the validation sampling error of a difference of mean losses
+    with_window_error(arm, baseline, paired, se_window, n_windows, alpha)  a t interval of the difference that
+                                       adds that error (in quadrature, on the smaller degrees of freedom)
 """
 
 from __future__ import annotations
@@ -184,3 +189,82 @@ def seeds_needed(diff: float | None, sd: float | None, margin: float, alpha: flo
     half = stats.t.ppf(1.0 - alpha / 2.0, n - 1) * sd / np.sqrt(n)
     decided = (abs(diff) > half) | (abs(diff) + half < margin)
     return int(n[np.argmax(decided)]) if decided.any() else None
+
+
+DIRECTIONS = ("at least", "at most")
+
+
+def against_threshold(values: Sequence[float], threshold: float, direction: str = "at least",
+                      alpha: float = 0.05) -> dict:
+    """A mean over seeds against a fixed threshold (a rule "the mean is at least / at most T"): {mean, ci_low,
+    ci_high (the (1 - alpha) t interval of the mean), p (one-sided: of "the mean lies on the rule's side of T";
+    small when the interval clears T), holds_on_mean, n}. With fewer than 2 values the interval and p are None.
+    The interval is paired_t's of the values against T, shifted back by T."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}; allowed: {', '.join(DIRECTIONS)}")
+    vals = [float(v) for v in values]
+    n = len(vals)
+    mean = float(np.mean(vals)) if n else None
+    holds = None if mean is None else (mean >= threshold if direction == "at least" else mean <= threshold)
+    t = paired_t(vals, [threshold] * n, alpha)
+    if t["p"] is None:
+        return {"mean": mean, "ci_low": None, "ci_high": None, "p": None, "holds_on_mean": holds, "n": n}
+    toward = (t["diff"] > 0) == (direction == "at least") and t["diff"] != 0
+    p = t["p"] / 2 if toward else 1.0 - t["p"] / 2
+    return {"mean": mean, "ci_low": t["ci_low"] + threshold, "ci_high": t["ci_high"] + threshold, "p": p,
+            "holds_on_mean": holds, "n": n}
+
+
+def window_se(arm_windows: Sequence[Sequence[float]], baseline_windows: Sequence[Sequence[float]],
+              paired: bool) -> tuple[float, int]:
+    """The standard error that the sampling of the evaluation windows adds to mean(arm) - mean(baseline), and the
+    number of windows it rests on. Each argument holds one array per run: the mean loss of each evaluated window
+    (a run's loss is the mean of its array). A run's loss is a mean over W windows drawn from the text, so it
+    carries the error of that draw; the seeds' interval does not see it, since every run is scored on the same
+    windows. ``paired`` (both arms scored on the same windows, in the same order): the per-window difference of
+    the arms' seed-mean losses, d_w, varies from window to window far less than the losses do (a hard window is
+    hard for both), and the error is sd(d_w) / sqrt(W). Unpaired (different windows): the arms' own window
+    variances add, sqrt(var(a_w) / W_a + var(b_w) / W_b), a_w and b_w the seed-mean loss of window w."""
+    a = np.asarray([np.asarray(w, dtype=float) for w in arm_windows]).mean(axis=0)
+    b = np.asarray([np.asarray(w, dtype=float) for w in baseline_windows]).mean(axis=0)
+    if paired:
+        if a.shape != b.shape:
+            raise ValueError(f"paired windows need arrays of one length ({len(a)} vs {len(b)})")
+        d = a - b
+        return float(d.std(ddof=1) / math.sqrt(len(d))), len(d)
+    se = math.sqrt(float(a.var(ddof=1)) / len(a) + float(b.var(ddof=1)) / len(b))
+    return se, min(len(a), len(b))
+
+
+def with_window_error(arm: Sequence[float], baseline: Sequence[float], paired: bool, se_window: float,
+                      n_windows: int, alpha: float = 0.05) -> dict:
+    """The t interval of the difference (paired: the mean paired difference; else the difference of means) whose
+    standard error adds the window error in quadrature, sqrt(se_seeds^2 + se_window^2), on the smaller degrees of
+    freedom of the two parts (the seeds': n - 1, or Welch's; Welch-Satterthwaite would give more, and a tiny window
+    error would then narrow the interval). Returns {diff, ci_low, ci_high, p, se_seeds, se_window, df, method};
+    None ends with fewer than 2 runs (pairs)."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    if paired:
+        d = a - b
+        n = len(d)
+        if n < 2:
+            return {"diff": float(d.mean()) if n else None, "ci_low": None, "ci_high": None, "p": None,
+                    "se_seeds": None, "se_window": se_window, "df": None, "method": "paired t + windows"}
+        diff, se_s, df_s = float(d.mean()), float(d.std(ddof=1)) / math.sqrt(n), n - 1.0
+    else:
+        if min(len(a), len(b)) < 2:
+            return {"diff": None, "ci_low": None, "ci_high": None, "p": None, "se_seeds": None,
+                    "se_window": se_window, "df": None, "method": "Welch t + windows"}
+        va, vb = float(a.var(ddof=1)) / len(a), float(b.var(ddof=1)) / len(b)
+        diff, se_s = float(a.mean() - b.mean()), math.sqrt(va + vb)
+        df_s = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if va + vb > 0 else math.inf
+    se = math.sqrt(se_s ** 2 + se_window ** 2)
+    method = ("paired t" if paired else "Welch t") + " + windows"
+    if se == 0.0:
+        return {"diff": diff, "ci_low": diff, "ci_high": diff, "p": 1.0 if diff == 0.0 else 0.0, "se_seeds": se_s,
+                "se_window": se_window, "df": None, "method": method}
+    df = min(d for s, d in ((se_s, df_s), (se_window, n_windows - 1.0)) if s > 0)
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, df)) * se
+    p = float(2.0 * stats.t.sf(abs(diff) / se, df))
+    return {"diff": diff, "ci_low": diff - half, "ci_high": diff + half, "p": p, "se_seeds": se_s,
+            "se_window": se_window, "df": df, "method": method}

@@ -90,3 +90,42 @@ def test_eval_loss_is_the_mean_over_tokens_and_ppl_its_exp(tmp_path, corpus):
     assert out["val/ppl"] == pytest.approx(math.exp(mean), rel=1e-5)  # exp of the mean, not a mean of exps
     assert out["val/bpc"] == pytest.approx(mean / math.log(2), rel=1e-5)
 
+
+
+def test_per_window_losses_are_saved_in_order_and_average_to_the_loss(tmp_path, corpus):
+    """eval_windows_dir: val_windows.npy holds each evaluated window's mean loss in the windows' order (their mean
+    is val/loss), test_windows.npy the test pass's; nothing is written during the sanity check or without it."""
+    import numpy as np
+
+    cfg = compose_cfg(tmp_path, corpus, "data.val_windows=13", "data.batch_size=5")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    folder = tmp_path / "windows"
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size),
+                                                     optimizer=instantiate(cfg.optimizer), eval_windows_dir=str(folder))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    out = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    saved = np.load(folder / "val_windows.npy")
+    with torch.no_grad():
+        each = [float(F.cross_entropy(module(x).flatten(0, 1), y.flatten())) for x, y in
+                ((x[None], y[None]) for x, y in dm.val_set)]
+    assert saved.shape == (13,) and saved == pytest.approx(each, rel=1e-5)
+    assert saved.mean() == pytest.approx(out["val/loss"], rel=1e-6)
+    trainer.test(module, datamodule=dm, verbose=False)
+    assert len(np.load(folder / "test_windows.npy")) == len(dm.test_set)
+    (folder / "val_windows.npy").unlink()
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size),
+                                                     optimizer=instantiate(cfg.optimizer), eval_windows_dir=str(folder))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, max_steps=1, limit_train_batches=1,
+                        num_sanity_val_steps=1, limit_val_batches=1, check_val_every_n_epoch=2)
+    trainer.fit(module, datamodule=dm)  # only the sanity check validates
+    assert not (folder / "val_windows.npy").exists()
+    plain = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size), eval_windows_dir=None)
+    L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+              enable_model_summary=False, default_root_dir=tmp_path / "plain").validate(plain, datamodule=dm,
+                                                                                         verbose=False)
+    assert not list(tmp_path.rglob("plain/*.npy"))

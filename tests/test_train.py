@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers import CONFIGS, EAGER_NORMS, ROOT, V, compose_cfg, logged, read_rows
@@ -108,6 +109,12 @@ def test_short_run_logs_metrics_checkpoints_and_sample(tmp_path, corpus):
     tokens = [float(r["train/tokens"]) for r in rows if r.get("train/tokens")]
     assert tokens[-1] == 6 * 8 * 32  # steps * batch * seq_len
     assert metrics["test/bpc"] == pytest.approx(metrics["test/loss"] / 0.6931471805599453, rel=1e-5)
+    # per-window losses of the final validation and of the test pass, in the run folder (module.eval_windows_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    val, test = np.load(run / "val_windows.npy"), np.load(run / "test_windows.npy")
+    assert val.dtype == np.float64 and len(val) == cfg.data.val_windows and len(test) >= len(val)
+    assert val.mean() == pytest.approx(summary["final_val_loss"], rel=1e-5)
+    assert test.mean() == pytest.approx(metrics["test/loss"], rel=1e-5)
 
 
 def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):

@@ -277,3 +277,81 @@ def test_a_higher_is_better_metric_and_the_bootstrap_interval(planted):
     assert boot["ci_method"] == "paired bootstrap (BCa)"
     assert [boot["ci_low"], boot["ci_high"]] == boot["bootstrap_interval"] != boot["t_interval"]
     assert boot["ci_high"] - boot["ci_low"] < boot["t_interval"][1] - boot["t_interval"][0]  # too narrow at n = 8
+
+
+# --- a seed mean against a threshold; the sampling error of the evaluation windows -------------------------------
+
+
+def test_a_seed_mean_against_a_threshold_gives_its_interval_and_a_one_sided_p():
+    from minillm.verdicts import against_threshold
+
+    vals = [2.2, 2.4, 2.3, 2.5]
+    t = stats.ttest_1samp(vals, 2.0)
+    above = against_threshold(vals, 2.0, "at least")
+    ci = t.confidence_interval(0.95)
+    assert [above["ci_low"], above["ci_high"]] == pytest.approx([ci.low, ci.high])
+    assert above["p"] == pytest.approx(t.pvalue / 2) and above["holds_on_mean"] and above["mean"] == pytest.approx(2.35)
+    below = against_threshold(vals, 2.0, "at most")  # the other side: the data speak against it
+    assert below["p"] == pytest.approx(1 - t.pvalue / 2) and not below["holds_on_mean"]
+    two = against_threshold([0.9, 1.1], 1.05, "at most")  # the mean is under it, the interval far across it
+    assert two["holds_on_mean"] and two["ci_high"] > 1.05 and two["p"] > 0.25
+    assert against_threshold([3.0], 2.0)["ci_low"] is None
+    with pytest.raises(ValueError, match="direction"):
+        against_threshold(vals, 2.0, "above")
+
+
+def test_window_error_paired_and_unpaired():
+    """Same windows: the error of the difference is that of the per-window differences (hard windows cancel);
+    different windows: the arms' window variances add. Added in quadrature to the seeds' error, the interval is
+    the seeds' one when the windows add nothing, and wider otherwise."""
+    from minillm.verdicts import window_se, with_window_error
+
+    rng = np.random.default_rng(0)
+    hardness = rng.normal(2.0, 0.5, size=200)  # shared by every run scored on these windows
+    base = [hardness + rng.normal(0, 0.01, 200) for _ in range(4)]
+    arm = [hardness + 0.01 + rng.normal(0, 0.01, 200) for _ in range(4)]
+    se_paired, w = window_se(arm, base, paired=True)
+    se_unpaired, _ = window_se(arm, base, paired=False)
+    assert w == 200 and se_paired < 0.002 and se_unpaired == pytest.approx(0.5 * math.sqrt(2 / 200), rel=0.15)
+    a, b = [float(x.mean()) for x in arm], [float(x.mean()) for x in base]
+    seeds = paired_t(a, b)
+    same = with_window_error(a, b, True, 0.0, 200)
+    assert [same["ci_low"], same["ci_high"]] == pytest.approx([seeds["ci_low"], seeds["ci_high"]])
+    wide = with_window_error(a, b, True, se_unpaired, 200)
+    assert wide["ci_high"] - wide["ci_low"] > 2 * (seeds["ci_high"] - seeds["ci_low"])
+    assert wide["method"] == "paired t + windows" and wide["df"] == 3 and wide["p"] > seeds["p"]
+    welch = with_window_error(a, b, False, 0.0, 200)
+    ref = welch_t(a, b)
+    assert [welch["ci_low"], welch["ci_high"]] == pytest.approx([ref["ci_low"], ref["ci_high"]])
+    with pytest.raises(ValueError, match="one length"):
+        window_se([np.ones(3)], [np.ones(4)], paired=True)
+
+
+def test_compare_adds_the_window_error_when_asked(tmp_path):
+    """compare(window_error=True) reads each run's per-window losses (a record's val_windows, or val_windows.npy
+    in its folder): on shared windows it barely widens the interval; runs without them keep the seeds' interval
+    and say so."""
+    rng = np.random.default_rng(1)
+    hardness = rng.normal(2.0, 0.4, size=128)
+    runs = []
+    for s in range(4):
+        for norm, shift in (("layernorm", 0.0), ("rmsnorm", 0.004)):
+            windows = hardness + shift + 0.01 * s + rng.normal(0, 0.002, 128)
+            folder = tmp_path / f"{norm}{s}"
+            folder.mkdir()
+            np.save(folder / "val_windows.npy", windows)
+            runs.append(run(norm, 1e-3, s, float(windows.mean()), run_dir=str(folder)))
+    plain, = compare(runs, "norm", "layernorm")["comparisons"]
+    result = compare(runs, "norm", "layernorm", window_error=True)
+    c, = result["comparisons"]
+    assert result["window_error"] and c["ci_method"] == "paired t + windows"
+    assert c["ci_low"] < plain["ci_low"] and c["ci_high"] > plain["ci_high"] and c["t_interval"] == [
+        plain["ci_low"], plain["ci_high"]]
+    assert c["window_interval"]["se_window"] < 0.001
+    inline = [{**r, "run_dir": None, "val_windows": np.load(Path(r["run_dir"]) / "val_windows.npy").tolist()}
+              for r in runs]
+    assert compare(inline, "norm", "layernorm", window_error=True)["comparisons"][0]["ci_low"] == pytest.approx(
+        c["ci_low"])
+    (tmp_path / "rmsnorm0" / "val_windows.npy").unlink()
+    c, = compare(runs, "norm", "layernorm", window_error=True)["comparisons"]
+    assert c["ci_method"] == "paired t" and any("no per-window losses" in w for w in c["warnings"])

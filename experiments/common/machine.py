@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -45,3 +46,29 @@ def run_kernels(runs: list[dict]) -> str:
         key = f"{r.get('cpu_capability') or 'unrecorded'} kernels, torch {r.get('torch_version') or 'unrecorded'}"
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{k}: {n} runs" for k, n in sorted(counts.items()))
+
+
+def environment(run: dict) -> str:
+    """Where a run ran, as its summary.json recorded it: "3bfe66c+dirty, AVX2 kernels, torch 2.13.0+cpu"."""
+    commit = run.get("git_commit")
+    code = f"{commit[:7]}{'+dirty' if run.get('git_dirty') else ''}" if commit else "commit unrecorded"
+    kernels, torch = run.get("cpu_capability") or "unrecorded", run.get("torch_version") or "unrecorded"
+    return f"{code}, {kernels} kernels, torch {torch}"
+
+
+def environments(runs: list[dict], arm: Callable[[dict], object]) -> dict[str, dict[str, int]]:
+    """arm(run) -> {environment: runs}: the commits, kernels and torch versions each arm of a comparison ran with."""
+    out: dict[str, dict[str, int]] = {}
+    for r in runs:
+        envs = out.setdefault(str(arm(r)), {})
+        envs[environment(r)] = envs.get(environment(r), 0) + 1
+    return out
+
+
+def provenance(runs: list[dict], arm: Callable[[dict], object]) -> str:
+    """One line for results.md: each arm's environments, and whether the arms of the comparison differ (a change
+    of CPU kernels alone moves a run's loss by 0.01-0.06 nats at high lr; a commit may change the code path)."""
+    envs = environments(runs, arm)
+    differ = len({frozenset(e) for e in envs.values()}) > 1
+    body = "; ".join(f"{a}: " + ", ".join(f"{e} ({n} runs)" for e, n in sorted(e_.items())) for a, e_ in envs.items())
+    return (f"**Provenance per arm** ({'the arms differ' if differ else 'the same for every arm'}): {body}.")

@@ -165,9 +165,10 @@ def continue_wandb_run(cfg: DictConfig, header: dict) -> None:
 def run_settings(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     """What a resumed run must keep (stored in checkpoints, compared on resume): seed, optimizer, schedule,
     the loss options, the data stream and the trainer settings that change the math. Logging, callbacks,
-    validation cadence and max_steps (with a schedule that does not read it) may change."""
+    validation cadence, where per-window losses go (module.eval_windows_dir: the run's own folder) and max_steps
+    (with a schedule that does not read it) may change."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    module = {k: v for k, v in (c.get("module") or {}).items() if not k.startswith(("_", "compile"))}
+    module = {k: v for k, v in (c.get("module") or {}).items() if not k.startswith(("_", "compile", "eval_windows"))}
     data = {k: v for k, v in (c.get("data") or {}).items() if k not in ("_target_", "_convert_", "num_workers",
                                                                        "cache_dir", "sample_prompt")}
     trainer = c.get("trainer") or {}

@@ -27,6 +27,15 @@ Hypotheses (Li et al. 2024, "Mix-LN: Unleashing the Power of Deeper Layers by Co
 Beside M3's rule, not part of it: the 95% paired t interval of each difference over the seeds
 (minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each placement against Pre-LN
 per depth, margin GAP (what `minillm-report <sweep> --compare placement --baseline pre` gives).
+
+Added after the data (the precondition gate, experiments.common.precondition; the rules above are unchanged):
+  precondition  idle_deep_layers on the Pre-LN runs: per seed, the mean layer-drop loss of the second half of the
+                blocks over that of the first half. Where it is absent, M2 and M3 (which ask whether Mix-LN gives
+                idle deep layers work) read PREMISE_ABSENT instead of their rule's word (given in their text).
+  Holm          each part of M1, M2, M3 as "the seed mean of the per-seed values is <direction> <threshold>" (M1's
+                tilts and M2's ratios on the log scale; M1's Mix-LN part as min(|log pre|, |log post|) - |log mix|
+                >= 0 per seed), the one-sided p Holm-adjusted across the round's parts: M1 is graded by the parts
+                that hold after the adjustment ("k of n parts, Holm-adjusted"), the seed-mean count beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from experiments.common import precondition as pre
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write, write_verdicts
@@ -112,6 +122,20 @@ def second_half(drops: Sequence[float]) -> float:
     return statistics.fmean(drops[len(drops) // 2:])
 
 
+def idle_ratio(drops: Sequence[float]) -> float:
+    """The precondition's quantity: mean layer-drop loss of the second half of the blocks / of the first half."""
+    return second_half(drops) / statistics.fmean(drops[:len(drops) // 2])
+
+
+def idleness(runs: Runs, source: str, depths: Sequence[int] = DEPTHS, where: dict | None = None) -> dict:
+    """The idle_deep_layers block of the Pre-LN runs (with layer_drop) at each depth, per seed."""
+    cells = {f"L={L}": [idle_ratio(r["layer_drop"]["drop"]) for r in sorted(runs.where(placement="pre", n_layers=L,
+                                                                                          **(where or {})),
+                                                                              key=lambda r: r["seed"])
+                        if r.get("layer_drop")] for L in depths}
+    return pre.measure("idle_deep_layers", cells, source)
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
     cells = {}
     for p in PLACEMENTS:
@@ -131,6 +155,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     def graded(hits: int, total: int) -> str:
         return "confirmed" if hits == total else "partly" if hits else "not at this scale"
 
+    gate = idleness(Runs(r for r in runs if r.get("layer_drop")), "layer_drop.json: this round's last checkpoints")
+    holm = holm_parts(runs)
     m1 = []
     for L in DEPTHS:
         t = {p: cells[p, L]["tilt"] for p in PLACEMENTS}
@@ -148,22 +174,55 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     def fmt(d: dict, p: str) -> str:
         return ", ".join(f"L={L}: {v:+.3f} {m3_ci[p, L]}" if v is not None else f"L={L}: -" for L, v in d.items())
 
+    m1_holm = sum(r["significant"] for k, r in holm["parts"].items() if k.startswith("M1"))
+    m2_word = graded(sum(v is not None and v >= MATTER for v in m2.values()), len(DEPTHS))
+    m3_word = graded(sum(v >= GAP for v in m3.values()), len(DEPTHS))
     verdicts = {
-        "M1": (graded(sum(m1), 3 * len(DEPTHS)), f"{sum(m1)} of {3 * len(DEPTHS)} parts hold; tilt " + "; ".join(
-            f"L={L}: " + ", ".join(f"{p} {cells[p, L]['tilt']:.2f}" for p in PLACEMENTS if cells[p, L]["tilt"])
-            for L in DEPTHS)),
-        "M2": (graded(sum(v is not None and v >= MATTER for v in m2.values()), len(DEPTHS)),
-               "Mix / Pre deep-layer drop " + ", ".join(f"L={L}: {v:.2f}" if v is not None else f"L={L}: -"
-                                                        for L, v in m2.items())),
-        "M3": (graded(sum(v >= GAP for v in m3.values()), len(DEPTHS)),
-               "Pre - Mix val loss " + fmt(m3, "pre") + "; Post - Mix " + fmt(m3_post, "post")),
+        "M1": (graded(m1_holm, 3 * len(DEPTHS)), f"{m1_holm} of {3 * len(DEPTHS)} parts, Holm-adjusted ({sum(m1)} "
+               f"of {3 * len(DEPTHS)} on the seed means); tilt " + "; ".join(
+                   f"L={L}: " + ", ".join(f"{p} {cells[p, L]['tilt']:.2f}" for p in PLACEMENTS if cells[p, L]["tilt"])
+                   for L in DEPTHS)),
+        "M2": (pre.gate(m2_word, gate), f"by its rule: {m2_word}; Mix / Pre deep-layer drop " + ", ".join(
+            f"L={L}: {v:.2f}" if v is not None else f"L={L}: -" for L, v in m2.items()) + f"; {pre.count(holm, 'M2')}"),
+        "M3": (pre.gate(m3_word, gate), f"by its rule: {m3_word}; Pre - Mix val loss " + fmt(m3, "pre") +
+               "; Post - Mix " + fmt(m3_post, "post") + f"; {pre.count(holm, 'M3')}"),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n\n"
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate)}\n\n### Verdicts (rules fixed "
+          f"before the runs; the precondition gate and Holm's adjustment added after the data)\n\n{vt}\n\n"
           f"Beside M3's rule, not part of it: each difference's 95% paired t interval over the seeds "
           f"(minillm.verdicts), in brackets. verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()], "verdicts": verdicts,
-            "machine": machine()}, md
+            "precondition": [gate], "holm": holm, "machine": machine()}, md
+
+
+def holm_parts(runs: Runs) -> dict:
+    """Every part of M1-M3 as a threshold on per-seed values (module docstring), Holm-adjusted together."""
+    def per_seed(p: str, L: int, value) -> dict:
+        return {r["seed"]: value(r) for r in runs.where(placement=p, n_layers=L)}
+
+    def tilts(p: str, L: int) -> dict:
+        return {s: v for s, v in per_seed(p, L, lambda r: tilt(grad_profile(r)) if grad_profile(r) else None).items()
+                if v is not None}
+
+    def drops(p: str, L: int) -> dict:
+        return per_seed(p, L, lambda r: second_half(r["layer_drop"]["drop"]) if r.get("layer_drop") else None)
+
+    named = {}
+    for L in DEPTHS:
+        t = {p: tilts(p, L) for p in PLACEMENTS}
+        seeds = sorted(set.intersection(*(set(v) for v in t.values())))
+        named[f"M1 pre L={L}"] = ([t["pre"][s] for s in seeds], TILT, "at least", True)
+        named[f"M1 post L={L}"] = ([t["post"][s] for s in seeds], 1 / TILT, "at most", True)
+        named[f"M1 mix L={L}"] = ([min(abs(math.log(t["pre"][s])), abs(math.log(t["post"][s])))
+                                   - abs(math.log(t["mix"][s])) for s in seeds], 0.0, "at least")
+        d = {p: drops(p, L) for p in ("pre", "mix")}
+        both = sorted(s for s in d["pre"] if d["pre"][s] and d["mix"].get(s) is not None)
+        named[f"M2 L={L}"] = ([d["mix"][s] / d["pre"][s] for s in both], MATTER, "at least", True)
+        loss = {p: by_seed(runs.where(placement=p, n_layers=L), final_loss) for p in ("pre", "mix")}
+        named[f"M3 L={L}"] = ([loss["pre"][s] - loss["mix"][s] for s in sorted(loss["pre"]) if s in loss["mix"]],
+                              GAP, "at least")
+    return pre.parts(named)
 
 
 def plot(runs: Runs, out: Path) -> None:

@@ -37,6 +37,15 @@ Hypotheses (seed means):
      "long". Confirmed: both; partly: one; not at this scale: neither.
 Beside R1's and R2's rules, not part of them: the 95% paired t interval of each arm's LNS - Pre val loss over the
 seeds (minillm.verdicts.paired_t).
+
+Added after the data (experiments.common.precondition; the rules above are unchanged):
+  R3 could not fail: AdamW moves a gain by about lr per step at most, so over the schedule an input norm's gain
+     grows by at most the sum of the lrs (ADAM_BOUND): LNS's deep input scale cannot exceed 0.235 x (1 + that
+     sum) while Pre-LN's stays near 1, under SMALL at both budgets. R3 is restated as an OBSERVATION.
+  precondition  idle_deep_layers on each arm's Pre-LN runs (S10's layer-drop ratio, per seed); the residual
+     stream's growth was not logged by this round's runs. R1 and R2 read PREMISE_ABSENT in an arm where it is absent.
+  intervals  each part of R1 and R2 read against its threshold given its 95% interval (a seed mean over two seeds
+     is not a number to compare with a threshold alone): "holds", "fails" or "unresolved"; Holm across the parts.
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ from pathlib import Path
 
 import torch
 
+from experiments.common import precondition as pre
 from experiments.common.machine import machine
+from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from experiments.studies.s10_mixln.r1_mixln import analyze as s10
 from experiments.studies.s10_mixln.r2_lns import analyze as lns
@@ -62,6 +73,17 @@ DEEP_MATTERS = 0.5  # LNS's deep blocks matter at least half as much as Pre-LN's
 SMALL = 0.5  # LNS's deep blocks see at most half Pre-LN's input scale
 ARMS = ("round 2", "unscaled", "long")
 VARIANTS = ("pre", "pre+LNS")
+STEPS = {"round 2": 400, "unscaled": 400, "long": 1600}
+LR, WARMUP, MIN_LR = 1e-3, 40, 0.1  # S10's schedule: warmup 40, cosine to 0.1 x lr
+
+
+def adam_bound(steps: int) -> float:
+    """The most an input norm's gain can grow over the schedule if each AdamW step moves it by at most lr: the sum
+    of the lrs, ADAM_BOUND's 1 + sum, as a factor on its initial value."""
+    from minillm.optim import lr_lambda
+
+    factor = lr_lambda("cosine", WARMUP, steps, MIN_LR)
+    return 1.0 + LR * sum(factor(t) for t in range(steps))
 
 
 def arm(run: dict) -> str:
@@ -88,7 +110,22 @@ def checkpoint_measures(ckpt: Path) -> dict:
     return {**s10.layer_drop(ckpt), "deep_input_scale": deep_input_scale(model)}
 
 
+SCALE_AT_INIT = 0.235  # LNS's deep input scale at L = 24 before any step: the mean of 1/sqrt(l), l = 13..24
+
+
 def analyze(runs: Runs) -> tuple[dict, str]:
+    def of(a: str, v: str) -> list[dict]:
+        return [r for r in runs if arm(r) == a and lns.variant(r) == v and r["n_layers"] == DEPTH]
+
+    def per_seed_gap(a: str) -> list[float]:
+        by = {v: {r["seed"]: final_loss(r) for r in of(a, v)} for v in VARIANTS}
+        return [by["pre+LNS"][s] - by["pre"][s] for s in sorted(by["pre"]) if s in by["pre+LNS"]]
+
+    def per_seed_ratio(a: str, measure: str) -> list[float]:
+        by = {v: {r["seed"]: r["measures"] for r in of(a, v) if r.get("measures")} for v in VARIANTS}
+        value = (lambda m: s10.second_half(m["drop"])) if measure == "deep_drop" else (lambda m: m[measure])
+        return [value(by["pre+LNS"][s]) / value(by["pre"][s]) for s in sorted(by["pre"]) if s in by["pre+LNS"]]
+
     cells = {}
     for a in ARMS:
         for v in VARIANTS:
@@ -120,24 +157,64 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     r2 = g_long is not None and g_r2 is not None and g_long <= g_r2 / 2
     s_r2, s_long = ratio("round 2", "deep_input_scale"), ratio("long", "deep_input_scale")
     r3 = [s is not None and s <= SMALL for s in (s_r2, s_long)]
+    idle = pre.measure("idle_deep_layers", {a: [s10.idle_ratio(r["measures"]["drop"]) for r in
+                                                sorted(of(a, "pre"), key=lambda r: r["seed"]) if r.get("measures")]
+                                            for a in ARMS}, "measures.json: each arm's Pre-LN checkpoints")
+    gates = [idle, pre.not_recorded("stream_growth", "this round's runs logged no residual RMS; round 2's Pre-LN "
+                                    "runs at L = 24 (arm 'round 2') give 0.83 / 1.02 of sqrt(L): mixed")]
+    parts = pre.parts({"R1 gap": (per_seed_gap("unscaled"), CLOSED, "at most"),
+                       "R1 drop": (per_seed_ratio("unscaled", "deep_drop"), DEEP_MATTERS, "at least", True),
+                       "R2": (per_seed_gap("long"), (g_r2 or 0.0) / 2, "at most")})
+    readings = {k: r["reading"] for k, r in parts["parts"].items()}
+    bounds = {steps: SCALE_AT_INIT * adam_bound(steps) for steps in sorted(set(STEPS.values()))}
+    r1_word, r2_word = graded(sum(r1), 2), "confirmed" if r2 else "not at this scale"
     verdicts = {
-        "R1": (graded(sum(r1), 2),
-               f"unscaled init: LNS - Pre val loss {fmt(g_un)} {gap_ci('unscaled')}, LNS / Pre deep drop "
-               f"{fmt(drop_un)}"),
-        "R2": ("confirmed" if r2 else "not at this scale",
-               f"LNS - Pre val loss at 1,600 steps {fmt(g_long)} {gap_ci('long')} vs 400 steps {fmt(g_r2)} "
-               f"{gap_ci('round 2')}"),
-        "R3": (graded(sum(r3), 2),
-               f"LNS / Pre deep input scale at 400 steps {fmt(s_r2)}, at 1,600 steps {fmt(s_long)}"),
+        "R1": (pre.gate(r1_word, pre.cell(idle, "unscaled")),
+               f"by its rule: {r1_word}; unscaled init: LNS - Pre val loss {fmt(g_un)} {gap_ci('unscaled')} "
+               f"({readings['R1 gap']} against {CLOSED:g}), LNS / Pre deep drop {fmt(drop_un)} ({readings['R1 drop']} "
+               f"against {DEEP_MATTERS:g}); {pre.count(parts, 'R1')}"),
+        "R2": (pre.gate(r2_word, pre.cell(idle, "long"), pre.cell(idle, "round 2")),
+               f"by its rule: {r2_word}; LNS - Pre val loss at 1,600 steps {fmt(g_long)} {gap_ci('long')} vs 400 "
+               f"steps {fmt(g_r2)} {gap_ci('round 2')}; threshold {(g_r2 or 0.0) / 2:.4f} ({readings['R2']})"),
+        "R3": (pre.OBSERVATION,
+               f"could not fail: with each AdamW step moving a gain by at most ~lr, LNS's deep input scale can reach "
+               f"at most {SCALE_AT_INIT:.3f} x (1 + sum of lrs) = " +
+               ", ".join(f"{b:.2f} at {n:,} steps" for n, b in bounds.items()) +
+               f" (SMALL {SMALL:g}); by its rule: {graded(sum(r3), 2)}; LNS / Pre deep input scale at 400 steps "
+               f"{fmt(s_r2)}, at 1,600 steps {fmt(s_long)}"),
     }
     rows = [[a, v, c["val"], c["deep_drop"], c["deep_input_scale"], c["runs"]] for (a, v), c in cells.items()]
     tab = table(["arm", "variant", "val loss", "layer-drop loss, 2nd half", "deep input scale", "runs"], rows)
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. L = {DEPTH}, seed means.\n\n{tab}\n\n### Verdicts (rules fixed before the runs)"
+    lines = "\n\n".join(pre.line(g) for g in gates)
+    md = (f"Machine: {machine()}. L = {DEPTH}, seed means.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before "
+          f"the runs; R3's restatement, the precondition gate and the interval readings added after the data)"
           f"\n\n{vt}\n\nBeside R1's and R2's rules, not part of them: each val loss difference's 95% paired t "
           f"interval over the seeds (minillm.verdicts), in brackets.\n")
     return {"cells": [{"arm": a, "variant": v, **c} for (a, v), c in cells.items()], "verdicts": verdicts,
+            "precondition": gates, "parts": parts, "adam_bound": {str(k): v for k, v in bounds.items()},
             "machine": machine()}, md
+
+
+def plot(runs: Runs, out: Path) -> None:
+    """why.png, per arm: each seed's val loss, deep-half layer drop and deep input scale, Pre-LN and Pre-LN + LNS."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    measures = (("val loss", final_loss), ("layer-drop loss, 2nd half (log)",
+                                           lambda r: max(s10.second_half(r["measures"]["drop"]), 1e-5)),
+                ("deep input scale", lambda r: r["measures"]["deep_input_scale"]))
+    for ax, (title, value) in zip(axes, measures, strict=True):
+        for k, a in enumerate(ARMS):
+            for j, v in enumerate(VARIANTS):
+                ys = [value(r) for r in runs if arm(r) == a and lns.variant(r) == v and r["n_layers"] == DEPTH
+                      and r.get("measures")]
+                ax.scatter([k + (j - 0.5) * 0.25] * len(ys), ys, color=("tab:blue", "tab:red")[j], s=18,
+                           label=v if k == 0 else None)
+        ax.set(title=title, xticks=range(len(ARMS)), xticklabels=[f"{a}\n({STEPS[a]} steps)" for a in ARMS])
+        if "log" in title:
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    save(fig, out / "why.png")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -157,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for r in runs:
         r["measures"] = measures.get(key(r))
     write(args.out, *analyze(runs))
+    plot(runs, args.out)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
 
 Beside the rules, not part of them: the 95% paired t interval of each warmup gain over the seeds (no warmup - the
 best warmup, paired by seed; minillm.verdicts.paired_t through experiments.common.study.paired).
+
+Added after the data (experiments.common.precondition): the premise of Xiong et al.'s warmup claim, Theorem 1's
+large gradient of Post-LN near the output at initialization, as S1 measured it in these runs' init (GPT-2's).
+Where it is absent the verdict reads PREMISE_ABSENT (the rule's word in verdict_rule).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, fmt, mean, paired, spread, table
@@ -77,26 +82,53 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                       max(g["gain"] for g in gains if g["placement"] == p),
                       f"{n_failed[(p, False)]} / {totals[(p, False)]}", f"{n_failed[(p, True)]} / {totals[(p, True)]}"]
                      for p in ("pre", "post")])
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n### Final val loss by setting (mean of {n_seeds} seeds)"
+    gate = xiong_premise("depth_scaled")
+    rule, verdict = verdict, pc.gate(verdict, gate)
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{pc.line(gate)}\n\n### Final val loss by setting (mean of "
+          f"{n_seeds} seeds)"
           f"\n\n{main}\n\n### Warmup gain per placement\n\n{summary}\n\nVerdict rule (fixed before the runs): "
           f"confirmed if Post-LN gains >= {NEEDS_WARMUP} nats from warmup somewhere (and >= 2x the seed range) "
           f"while Pre-LN gains <= {INSENSITIVE} at those settings and nowhere needs it; partly if only the "
-          f"first holds. **Verdict: {verdict}.**\n\nBeside the rule, not part of it: the gain's 95% interval is "
+          f"first holds. **Verdict: {verdict}** (by the rule: {rule}).\n\nBeside the rule, not part of it: the gain's "
+          f"95% interval is "
           f"minillm.verdicts' paired t over the {n_seeds} seeds (no warmup - the best warmup, paired by seed).\n")
-    return {"rows": rows, "gains": gains, "verdict": verdict, "machine": machine()}, md
+    return {"rows": rows, "gains": gains, "verdict": verdict, "verdict_rule": rule, "precondition": [gate],
+            "machine": machine()}, md
+
+def xiong_premise(init: str) -> dict:
+    """Xiong et al.'s Theorem 1 premise as S1 measured it at initialization (its committed results.json): Post-LN's
+    last-layer gradient over Pre-LN's at L = 24, per width, in the given init of S1 (depth_scaled: GPT-2's)."""
+    import json
+
+    from experiments.common.layout import STUDIES
+
+    s1 = json.loads((STUDIES / "s1_grad_at_init" / "r1_grad_vs_depth" / "results.json").read_text())
+    ratios = s1["verdicts"][init]["post_over_pre_deepest"]
+    status = pc.overall("present" if v > 1 else "absent" for v in ratios.values())
+    return pc.reported("Post-LN's gradient near the output is large at initialization, so large early steps break it "
+                       "(Xiong et al. 2020, Theorem 1)", "Post-LN / Pre-LN gradient of the last layer's W2 at "
+                       "initialization, L = 24", "at least 1", {f"d={d}": v for d, v in ratios.items()}, status,
+                       f"S1 (r1_grad_vs_depth/results.json, init {init}), at init: not these runs")
+
 
 
 def plot(runs: Runs, out: Path) -> None:
     plt = pyplot()
     depths, lrs, warmups = runs.values("n_layers"), runs.values("lr"), runs.values("warmup_steps")
+    unigram = mean(r.get("unigram_loss") for r in runs)
     fig, axes = plt.subplots(1, len(depths) * 2, figsize=(4.2 * len(depths) * 2, 3.6), sharey=True)
     for ax, (depth, placement) in zip(axes, [(d, p) for d in depths for p in ("pre", "post")], strict=True):
         for w in warmups:
             ys = [mean(map(loss_for_comparison, runs.where(n_layers=depth, placement=placement, lr=lr, warmup_steps=w)))
                   for lr in lrs]
-            ax.plot(lrs, ys, marker="o", label=f"warmup {w}")
+            line = ax.plot(lrs, ys, marker="o", label=f"warmup {w}")[0]
+            for lr in lrs:  # each seed
+                seeds = [loss_for_comparison(r) for r in runs.where(n_layers=depth, placement=placement, lr=lr,
+                                                                     warmup_steps=w)]
+                ax.scatter([lr] * len(seeds), seeds, color=line.get_color(), s=8, alpha=0.5)
+        ax.axhline(unigram, color="k", ls=":", lw=1)
         ax.set(xscale="log", title=f"{placement}-LN, L={depth}", xlabel="peak lr")
-    axes[0].set_ylabel("final val loss (nats/char)")
+    axes[0].set_ylabel(f"final val loss (dots: seeds; dotted: unigram {unigram:.3f})")
     axes[0].legend()
     save(fig, out / "loss_vs_lr.png")
 
@@ -108,6 +140,7 @@ def plot(runs: Runs, out: Path) -> None:
                 steps, values = xy(r["curves"][TRAIN_LOSS])
                 ax.plot(steps, values, color=f"C{warmups.index(w)}", alpha=0.8,
                         label=f"warmup {w}" if i == 0 else None)
+        ax.axhline(unigram, color="k", ls=":", lw=1, label="unigram loss" if placement == "pre" else None)
         ax.set(title=f"{placement}-LN, L={depth}, lr {fmt(lr, 4)}: train loss", xlabel="step", ylim=(1.5, 4.6))
     axes[0].legend()
     save(fig, out / "train_loss_deepest_highest_lr.png")

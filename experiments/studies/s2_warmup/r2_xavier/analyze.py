@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
-from experiments.studies.s2_warmup.r1_grid.analyze import INSENSITIVE, NEEDS_WARMUP
+from experiments.studies.s2_warmup.r1_grid.analyze import INSENSITIVE, NEEDS_WARMUP, xiong_premise
 from minillm import verdicts as st
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
@@ -71,10 +72,11 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                     f"{lr:g}: {gains['pre', lr]['gain']:+.3f}" for lr in lrs)),
                 "overall": (verdict, f"{hits} of 2")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
+    gate = xiong_premise("xavier")
     md = (f"Machine: {machine()}. {len(runs)} runs, L = 12, init xavier, 3 seeds per cell (seed means; a diverged "
-          f"run counts as ln V).\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
+          f"run counts as ln V).\n\n{tab}\n\n{pc.line(gate)}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     return {"gains": [{"placement": p, "lr": lr, **g} for (p, lr), g in gains.items()], "verdicts": verdicts,
-            "machine": machine()}, md
+            "precondition": [gate], "machine": machine()}, md
 
 
 def plot(runs: Runs, out: Path) -> None:
@@ -85,7 +87,13 @@ def plot(runs: Runs, out: Path) -> None:
         for w in (0, WARMUP):
             ax.plot(lrs, [mean(map(loss_for_comparison, cell(runs, p, lr, w))) for lr in lrs], marker="o",
                     color=f"C{i}", ls="-" if w else "--", label=f"{p}-LN, warmup {w}")
-    ax.set(xscale="log", xlabel="peak lr", ylabel="final val loss (seed mean)", title="S2, init xavier, L = 12")
+            for lr in lrs:  # each seed
+                ys = [loss_for_comparison(r) for r in cell(runs, p, lr, w)]
+                ax.scatter([lr * (1.06 if w else 0.94)] * len(ys), ys, color=f"C{i}", s=9, alpha=0.5)
+    unigram = mean(r.get("unigram_loss") for r in runs)
+    ax.axhline(unigram, color="k", ls=":", lw=1, label=f"unigram loss {unigram:.3f}")
+    ax.set(xscale="log", xlabel="peak lr", ylabel="final val loss (seed mean; dots: seeds)",
+           title="S2, init xavier, L = 12")
     ax.legend(fontsize=8)
     save(fig, out / "xavier.png")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
@@ -75,12 +76,24 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                        f"{len(over)} runs over", f"{sum(bool(r.get('diverged')) for r in over)} diverged",
                        all(r.get("diverged") for r in over) if over else None])
     claims = table(["claim", "norm", "without", "with", "holds"], check_rows)
+    plain = [r for r in runs if r["qk_norm"] == "none"]
+    grow = {c[1]: c[2] / c[3] for c in checks if c[0] == "attention logits grow without QK-norm" and c[3]}
+    diverged = sum(bool(r.get("diverged")) for r in plain if not r["z_loss"])
+    gates = [pc.reported("attention logits grow without QK-norm (QK-norm's problem; Wortsman et al. 2023)",
+                         "max attention logit without QK-norm / with it, over the grid", f"at least {LOGIT_GROWTH:g}",
+                         grow, pc.overall("present" if v >= LOGIT_GROWTH else "absent" for v in grow.values()),
+                         "this round's runs (max_attn_logit)"),
+             pc.reported("output-logit divergence without z-loss (z-loss's problem; Wortsman et al. 2023)",
+                         "runs without z-loss or QK-norm that diverged", "at least 1", {"every norm and lr": diverged},
+                         "present" if diverged else "absent", "this round's runs; the z-loss check reads "
+                         f"{pc.PREMISE_ABSENT} where this is absent")]
     md = (f"Machine: {machine()}. {len(runs)} runs, seeds pooled. Loss = final val loss, a diverged run "
           f"counts as ln V = {runs[0]['loss_init']:.3f}.\n\n### Final val loss by peak learning rate\n\n{main}\n\n"
           f"### Claims (thresholds fixed before the runs: a mitigation lowers sensitivity when it is <= "
-          f"{LOWER}x; logits grow when >= {LOGIT_GROWTH:g}x)\n\n{claims}\n")
+          f"{LOWER}x; logits grow when >= {LOGIT_GROWTH:g}x)\n\n{claims}\n\n" + "\n\n".join(map(pc.line, gates))
+          + "\n")
     results = {"variants": [{**p, "loss_by_lr": {str(k): v for k, v in p["loss_by_lr"].items()}}
-                            for p in per.values()], "checks": check_rows, "machine": machine()}
+                            for p in per.values()], "checks": check_rows, "precondition": gates, "machine": machine()}
     return results, md
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, table
@@ -103,10 +104,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                f"95% CI {ci(quality)} paired over {quality['n']} seeds)"),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs, RMSNorm, 2 seeds per cell (losses: seed means, a diverged run "
+    gate = pc.none("the learning-rate sensitivity each arm is compared on is measured on every arm")
+    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, RMSNorm, 2 seeds per cell (losses: seed "
+          f"means, a diverged run "
           f"counts as ln V).\n\n{main}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"variants": [{**m, "loss_by_lr": {str(k): v for k, v in m["loss_by_lr"].items()}}
-                            for m in per.values()], "verdicts": verdicts, "machine": machine(), "O4_paired_t": quality}
+                            for m in per.values()], "verdicts": verdicts, "machine": machine(), "O4_paired_t": quality,
+               "precondition": [gate]}
     return results, md
 
 

@@ -32,6 +32,15 @@ Hypotheses, each with its source:
 Beside the rules, not part of them: the 95% paired t interval of PN - LN over the seeds (minillm.verdicts.paired_t),
 and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm per batch size, margin MARGIN
 (what `minillm-report <sweeps> --compare norm --baseline layernorm --margin 0.05` gives).
+
+Added after the data (the rules above are unchanged; experiments.common.precondition):
+  F and P2 could not fail, and are restated as OBSERVATIONs (their rule's word in the text). F: each (position,
+     feature) statistic is taken over B windows drawn at random from the corpus, which are i.i.d. by construction,
+     so the fluctuation equals the i.i.d. sampling null up to its own noise. P2: PowerNorm's group scaling divides
+     each token by its own RMS first (a per-token RMS norm), which removes BatchNorm's train/eval mismatch by design;
+     PowerNorm without group scaling was not run, so PowerNorm's own mechanism is not tested (S4 round 3 is its
+     pre-registration).
+  provenance  the commit, kernels and torch version of each norm's runs (PowerNorm's came from another commit).
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common.machine import machine
+from experiments.common import precondition as pre
+from experiments.common.machine import machine, provenance
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from minillm.callbacks import bn_sampling_null
@@ -99,8 +109,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
 
     verdicts = {}
     above = [b for b in batches if all(e is not None and e >= EXCESS for e in cells["batchnorm", b]["excess_mean"])]
-    verdicts["F"] = ("confirmed" if len(above) == len(batches) else "partly" if above else "not at this scale",
-                     f"excess >= {EXCESS:g} at batch(es) {above or 'none'}")
+    f_word = "confirmed" if len(above) == len(batches) else "partly" if above else "not at this scale"
+    verdicts["F"] = (pre.OBSERVATION, f"could not fail (windows drawn at random are i.i.d. by construction, so the "
+                     f"fluctuation is the sampling null); by its rule: {f_word}; excess >= {EXCESS:g} at batch(es) "
+                     f"{above or 'none'}")
     small, large = min(batches), max(batches)
 
     def gap(b: int) -> tuple[float, float]:
@@ -116,20 +128,26 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                       f"CI {interval(large)} (tolerance {tol:.3f})")
     d, tol = gap(small)
     fails = cells["powernorm", small]["failed"]
-    verdicts["P2"] = ("not at this scale" if fails else "confirmed" if d <= tol else "partly",
-                      f"{fails} PN run(s) failed at batch {small}; PN - LN {d:+.3f}, 95% CI {interval(small)} "
-                      f"(tolerance {tol:.3f})")
+    p2_word = "not at this scale" if fails else "confirmed" if d <= tol else "partly"
+    verdicts["P2"] = (pre.OBSERVATION, f"could not fail as a test of PowerNorm (its group scaling is a per-token RMS "
+                      f"norm, which has no train/eval mismatch by design; PowerNorm without it was not run); by its "
+                      f"rule: {p2_word}; {fails} PN run(s) failed at batch {small}; PN - LN {d:+.3f}, 95% CI "
+                      f"{interval(small)} (tolerance {tol:.3f})")
     bn_s, bn_l = cells["batchnorm", small], cells["batchnorm", large]
     verdicts["replication"] = ("reproduced" if bn_s["failed"] == bn_s["runs"] and not bn_l["failed"] else
                                "not reproduced", f"BN failed {bn_s['failed']}/{bn_s['runs']} at batch {small}, "
                                f"{bn_l['failed']}/{bn_l['runs']} at batch {large}")
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{main}\n\n### BatchNorm's fluctuation against sampling "
-          f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n\n"
+    gate = pre.none(f"P1 compares two norms; the failure P2 was about, BatchNorm's at batch {small}, occurred in "
+                    f"{bn_s['failed']} of {bn_s['runs']} runs")
+    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{main}\n\n{pre.line(gate)}\n\n"
+          f"{provenance(runs, lambda r: r['norm'])}\n\n### BatchNorm's fluctuation against sampling "
+          f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs; F's and P2's "
+          f"restatement added after the data)\n\n{vt}\n\n"
           f"The intervals are beside the rules, not part of them: minillm.verdicts' paired t over the seeds. "
           f"verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()],
-            "verdicts": verdicts, "machine": machine()}, md
+            "verdicts": verdicts, "precondition": [gate], "machine": machine()}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

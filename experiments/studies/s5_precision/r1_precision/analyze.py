@@ -10,6 +10,11 @@ Beside the rules, not part of them: each precision's difference from fp32 with i
 seeds and the engine's word for it at the margin SAME (minillm.verdicts.paired_t, verdict), and verdicts.json (.md,
 .png): minillm.compare's verdicts, each precision against fp32 per placement (what `minillm-report <sweeps>
 --compare precision_used --baseline 32-true` gives).
+
+Added after the data (experiments.common.precondition): the premises of "Peri-LN bounds the residual stream" on
+the Pre-LN fp32 runs. stream_growth ((r_L / r_1) / sqrt(L)) and massive_activations (max |h| / median |h|) were
+not recorded (only max |h| per block); the proxy is the final max |h| after the last block over that after the
+first, over sqrt(L).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
@@ -95,13 +101,20 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                              for q in (precision, "32-true")))
                 checks.append([f"{placement}: {precision} val loss - fp32", diff, ci(t),
                                st.verdict(t["ci_low"], t["ci_high"], SAME), abs(diff) <= SAME])
+    base = [layer_max(r) for r in sorted(runs.where(placement="pre", precision_used="32-true"), key=lambda r: r["seed"])
+            if resid_keys(r)]
+    proxy = {f"L={len(base[0])}, per seed": " / ".join(f"{x[-1] / x[0] / math.sqrt(len(x)):.2f}" for x in base)}
+    gates = [pc.not_recorded("stream_growth", "the runs logged max |h| per block, not its RMS", proxy if base else None,
+                             "final max |h| after the last block / after the first, over sqrt(L)"),
+             pc.not_recorded("massive_activations", "the runs logged max |h| per block, not the median of |h|")]
     md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
-          f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n### Checks (thresholds fixed before the "
+          f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n" + "\n\n".join(map(pc.line, gates)) +
+          "\n\n### Checks (thresholds fixed before the "
           f"runs)\n\n{table(['check', 'value', '95% CI (paired t)', f'engine (margin {SAME})', 'holds'], checks)}"
           f"\n\nThe interval and the engine's word are beside the rules, not part of them: minillm.verdicts' paired "
           f"t over the seeds and its verdict at the margin {SAME}. verdicts.md: minillm.compare's verdicts.\n")
     return {"cells": [{"placement": p, "precision": q, **c} for (p, q), c in cells.items()], "checks": checks,
-            "machine": machine()}, md
+            "precondition": gates, "machine": machine()}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

@@ -32,6 +32,16 @@ Hypotheses (Kim et al. 2025, Peri-LN; Sun et al. 2025, The Curse of Depth in LLM
      after every sublayer).
 The shape fit is a least-squares fit (numpy), not a comparison. Beside L's rule, not part of it: the 95% paired t
 interval of Pre - Peri over the seeds (minillm.verdicts.paired_t).
+
+Added after the data (experiments.common.precondition; the rules above are unchanged):
+  precondition  stream_growth on the Pre-LN runs ((r_L / r_1) / sqrt(L) per depth and seed): the growth Peri-LN
+     is claimed to curb. Where it is absent at every depth, G1, G2, G3 and L read PREMISE_ABSENT (their rule's
+     word in the text). massive_activations (max |h| / median |h|) was not recorded: the runs logged the residual
+     RMS per block and max |h| over the run, whose ratio (an outlier ratio over RMS, not over the median) is
+     given as a proxy that decides nothing.
+  Holm  G1 (Pre / Peri depth growth per seed, log scale), G4 (Pre / Peri training growth, log scale) and L (Pre -
+     Peri val loss) as thresholds on per-seed values, Holm-adjusted across the nine parts; G4 is graded by the
+     parts that hold after the adjustment. G4's text gives each placement's own training growth.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common import precondition as pre
 from experiments.common.layout import ROOT
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
@@ -162,27 +173,72 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                          for p in ("pre", "peri"))) for L in deeper}
     post_flat = all(c["depth_growth"] is not None and 1 / GROWTH <= c["depth_growth"] <= GROWTH
                     for (p, _), c in cells.items() if p == "post")
+    gates = preconditions(main)
+    holm = holm_parts(main)
+    g4_holm = sum(r["significant"] for k, r in holm["parts"].items() if k.startswith("G4"))
+    own = {p: [cells[p, L]["train_growth"] for L in DEPTHS] for p in ("pre", "peri")}
+    own_text = "; ".join(f"{p}-LN's own {min(v):.2f}-{max(v):.2f}" for p, v in own.items() if None not in v)
     fmt = lambda d: ", ".join(f"L={L}: {v:.2f}" if v is not None else f"L={L}: -" for L, v in d.items())  # noqa: E731
+    words = {"G1": graded(g1, len(deep)), "G2": "confirmed" if rise and rise >= GROWTH else "not at this scale",
+             "G3": graded([x for x in (pre_exp, peri_not) if x], 2), "L": graded(lhits, len(deeper))}
     verdicts = {
-        "G1": (graded(g1, len(deep)), "Pre / Peri depth growth " + fmt({L: ratio("depth_growth", L) for L in deep})),
-        "G2": ("confirmed" if rise and rise >= GROWTH else "not at this scale",
-               f"Pre-LN depth growth L=48 / L=6: {rise:.2f}" if rise else "missing"),
-        "G3": (graded([x for x in (pre_exp, peri_not) if x], 2), f"Pre-LN exponential at L>=24 in every seed: "
-               f"{pre_exp}; Peri-LN not exponential: {peri_not}"),
-        "G4": (graded(g4, len(DEPTHS)), "Pre / Peri training growth " + fmt({L: ratio("train_growth", L)
-                                                                              for L in DEPTHS})),
-        "L": (graded(lhits, len(deeper)), "Pre - Peri val loss " + fmt(gaps) + "; 95% CI (paired t) " + ", ".join(
-            f"L={L}: {ci(t, 2)}" for L, t in gap_t.items())),
+        "G1": (pre.gate(words["G1"], *gates), f"by its rule: {words['G1']}; Pre / Peri depth growth " + fmt(
+            {L: ratio("depth_growth", L) for L in deep}) + f"; {pre.count(holm, 'G1')}"),
+        "G2": (pre.gate(words["G2"], *gates), f"by its rule: {words['G2']}; " +
+               (f"Pre-LN depth growth L=48 / L=6: {rise:.2f}" if rise else "missing")),
+        "G3": (pre.gate(words["G3"], *gates), f"by its rule: {words['G3']}; Pre-LN exponential at L>=24 in every "
+               f"seed: {pre_exp}; Peri-LN not exponential: {peri_not}"),
+        "G4": (graded(list(range(g4_holm)), len(DEPTHS)), f"{pre.count(holm, 'G4')}; by its rule: "
+               f"{graded(g4, len(DEPTHS))}; Pre / Peri training growth " + fmt({L: ratio("train_growth", L)
+                                                                              for L in DEPTHS}) +
+               f" ({own_text}: Pre-LN's stream grows about 2x after warmup, Peri-LN's shrinks from its step-{EARLY} "
+               "size)"),
+        "L": (pre.gate(words["L"], *gates), f"by its rule: {words['L']}; Pre - Peri val loss " + fmt(gaps) +
+              "; 95% CI (paired t) " + ", ".join(f"L={L}: {ci(t, 2)}" for L, t in gap_t.items()) +
+              f"; {pre.count(holm, 'L ')}"),
         "control": ("holds" if post_flat else "fails", "Post-LN depth growth within "
                     f"[{1 / GROWTH:g}, {GROWTH:g}] at every L: {post_flat}"),
     }
     lrs = {p: cells[p, DEPTHS[0]]["lr"] for p in PLACEMENTS}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
+    lines = "\n\n".join(pre.line(g) for g in gates)
     md = (f"Machine: {machine()}. {len(runs)} runs ({len(main)} in stage 2). Tuned lr: "
-          + ", ".join(f"{p} {lr:g}" for p, lr in lrs.items() if lr) +
-          f".\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
+          + ", ".join(f"{p} {lr:g}" for p, lr in lrs.items() if lr) + f" (tuned on seed {TUNE_SEED} at L = "
+          f"{TUNE_DEPTH} only).\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before the runs; the precondition "
+          f"gate and Holm's adjustment added after the data)\n\n{vt}\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()],
-            "verdicts": verdicts, "machine": machine()}, md
+            "verdicts": verdicts, "precondition": gates, "holm": holm, "machine": machine()}, md
+
+
+def preconditions(main: Sequence[dict]) -> list[dict]:
+    """stream_growth measured on the Pre-LN runs; massive_activations not recorded (its proxy given)."""
+    pre_runs = sorted((r for r in main if r["placement"] == "pre"), key=lambda r: (r["n_layers"], r["seed"]))
+    growth = {f"L={L}": [m["depth_growth"] / math.sqrt(L) for r in pre_runs if r["n_layers"] == L
+                         if (m := measures(r))] for L in DEPTHS}
+    proxy = {f"L={L}": mean(r["max_abs_h"] / profile(r)[-1] for r in pre_runs
+                            if r["n_layers"] == L and r.get("max_abs_h") and profile(r)) for L in DEPTHS}
+    return [pre.measure("stream_growth", growth, "layer/<i>/resid_rms at the last logged step, stage 2's Pre-LN runs"),
+            pre.not_recorded("massive_activations", "the median of |h| was not logged", proxy,
+                             "max |h| over the run / RMS after the last block at the end, seed mean")]
+
+
+def holm_parts(main: Sequence[dict]) -> dict:
+    """G1, G4 and L as thresholds on per-seed values (Pre against Peri, paired by seed), Holm-adjusted together."""
+    by = {(r["placement"], r["n_layers"], r["seed"]): r for r in main}
+    named = {}
+    for L in DEPTHS:
+        seeds = [s for s in SEEDS if ("pre", L, s) in by and ("peri", L, s) in by]
+        m = {s: (measures(by["pre", L, s]), measures(by["peri", L, s])) for s in seeds}
+        ok = [s for s in seeds if None not in m[s]]
+        if L >= 12:
+            named[f"G1 L={L}"] = ([m[s][0]["depth_growth"] / m[s][1]["depth_growth"] for s in ok], GROWTH,
+                                  "at least", True)
+        named[f"G4 L={L}"] = ([m[s][0]["train_growth"] / m[s][1]["train_growth"] for s in ok], GROWTH, "at least",
+                              True)
+        if L >= 24:
+            named[f"L L={L}"] = ([final_loss(by["pre", L, s]) - final_loss(by["peri", L, s]) for s in seeds],
+                                 LOSS_GAP, "at least")
+    return pre.parts(named)
 
 
 def plot(runs: Runs, out: Path) -> None:
@@ -191,11 +247,12 @@ def plot(runs: Runs, out: Path) -> None:
     fig, axes = plt.subplots(1, len(PLACEMENTS), figsize=(13, 3.8), sharey=True)
     for ax, p in zip(axes, PLACEMENTS, strict=True):
         for j, L in enumerate(DEPTHS):
-            for k, r in enumerate(r for r in main if r["placement"] == p and r["n_layers"] == L and r["seed"] == 0):
+            for k, r in enumerate(r for r in main if r["placement"] == p and r["n_layers"] == L):
                 prof = profile(r)
                 if prof:
-                    ax.plot(range(1, len(prof) + 1), prof, color=f"C{j}", label=f"L={L}" if k == 0 else None)
-        ax.set(yscale="log", xlabel="block i", title=f"{p}-LN: residual RMS after block i (end, seed 0)")
+                    ax.plot(range(1, len(prof) + 1), prof, color=f"C{j}", ls="-" if r["seed"] == SEEDS[0] else "--",
+                            label=f"L={L}" if k == 0 else None)
+        ax.set(yscale="log", xlabel="block i", title=f"{p}-LN: residual RMS after block i (end; seeds: - / --)")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("residual RMS")
     save(fig, out / "growth.png")

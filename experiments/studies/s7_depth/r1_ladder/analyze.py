@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
@@ -104,13 +105,24 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         [f"Post-LN's early update at L={deep} vs DeepNorm's (ratio)", f"{ratio:.2f}", ratio >= EXPLODES],
         *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
     ]
-    md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. Update ratio = ||W_after - W_before|| / "
+    gate = stall_premise(runs.where(placement="post", n_layers=deep), "this round's Post-LN runs")
+    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, means over seeds. Update ratio = "
+          f"||W_after - W_before|| / "
           f"||W_before|| over all parameters, one optimizer step, logged every step.\n\n{main}\n\n"
           f"### Every run at L={deep}\n\n{per_seed}\n\n### Checks\n\nThresholds fixed before the runs; the stall "
           f"check (stalled: final val loss >= unigram loss - {STALL}) after the first 24 runs and before the "
           f"follow-up seeds.\n\n{table(['check', 'value', 'holds'], checks)}\n")
     return {"cells": [{"placement": p, "n_layers": d, **c} for (p, d), c in cells.items()], "checks": checks,
-            "machine": machine()}, md
+            "precondition": [gate], "machine": machine()}, md
+
+
+def stall_premise(post: list[dict], source: str, is_stalled=None) -> dict:
+    """DeepNet's premise: Post-LN fails to train at depth (its runs stall at the unigram loss)."""
+    k = sum(map(is_stalled or stalled, post))
+    depth = post[0]["n_layers"] if post else "?"
+    return pc.reported("Post-LN fails to train at depth (DeepNet's motivation; Wang et al. 2022)",
+                       f"Post-LN runs at L = {depth} that stalled at the unigram loss", "at least 1",
+                       {f"L={depth}": f"{k}/{len(post)}"}, "present" if k else "absent", source)
 
 
 def plot(runs: Runs, out: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, table, write
@@ -72,7 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                ratio >= EXPLODES],
               ["every stalled Post-LN run's early model update exceeds every trained one's",
                f"{fmt_pair(stall_min, trained_max)}", separates]]
-    md = (f"Machine: {machine()}. {len(runs)} reruns of the first 100 steps at L=48. Model update = RMS change of "
+    from experiments.studies.s7_depth.r1_ladder.analyze import stall_premise
+
+    gate = stall_premise(post, "the full runs these reruns repeat (their stall from round 1)",
+                         lambda r: r in groups["post, stalled"])
+    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} reruns of the first 100 steps at L=48. Model "
+          f"update = RMS change of "
           f"the log-probabilities of 4 probe sequences over one optimizer step (eval mode). Largest difference "
           f"between a rerun's train losses and its full run's: {mismatch:.2e}.\n\n"
           + table(["runs", "n", f"max model update, steps < {EARLY} (mean)", "min", "max",
@@ -85,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                    f"mean model update, steps {EARLY}-99"],
                   [[g, r["seed"], early_max(r, OUTPUT_CHANGE), early_argmax(r), late_mean(r)]
                    for g, rs in groups.items() for r in sorted(rs, key=lambda r: r["seed"])], digits=3))
-    write(out, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "machine": machine()}, md)
+    write(out, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "precondition": [gate],
+                "machine": machine()}, md)
     plot(groups, out)
 
 

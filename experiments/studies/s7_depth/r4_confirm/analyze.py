@@ -25,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common.machine import machine
+from experiments.common import precondition as pc
+from experiments.common.machine import machine, provenance
+from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from minillm import verdicts as st
 from minillm.metrics import TRAIN_LOSS
@@ -45,6 +47,24 @@ NAMES = {("post", "gpt2"): "Post-LN", ("deepnorm", "deepnet"): "DeepNorm (alpha 
 
 def stalled(run: dict) -> bool:
     return is_stalled(run, STALL_MARGIN)
+
+
+def plot(runs, cells: dict, out: Path) -> None:
+    """confirm.png: the train loss of every run per arm (stalled runs red), the unigram loss dashed."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(ARMS), figsize=(4 * len(ARMS), 3.4), sharey=True)
+    for ax, arm in zip(axes, ARMS, strict=True):
+        c = cells[arm]
+        for r in sorted(runs.where(placement=arm[0], init=arm[1]), key=lambda r: r["seed"]):
+            if r["curves"].get(TRAIN_LOSS):
+                ax.plot(*xy(r["curves"][TRAIN_LOSS]), lw=0.8, alpha=0.8, color="tab:red" if stalled(r) else "tab:blue")
+        ax.axhline(c["unigram"], ls="--", color="k", lw=0.8, label=f"unigram loss {c['unigram']:.3f}")
+        ax.set_title(f"{NAMES[arm]}: {c['stalled']}/{c['runs']} stalled", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylim(1.8, 4.6)
+    axes[0].set_ylabel("train loss (red: stalled)")
+    axes[0].legend(fontsize=8)
+    save(fig, out / "confirm.png")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -73,7 +93,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                f"{post['stalled']}/10 vs {deep['stalled']}/10, p = {p:.3f}", confirmed]]
     checks += [[f"{NAMES[arm]} suffices (<= {SUFFICES_MAX}/10 stall while Post-LN has >= {CONFIRM_MIN_POST})",
                 f"{cells[arm]['stalled']}/10", suffices[arm]] for arm in ARMS[2:]]
-    md = (f"Machine: {machine()}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, 300 steps, seeds 10-19. "
+    from experiments.studies.s7_depth.r1_ladder.analyze import stall_premise
+
+    post_runs = runs.where(placement="post", init="gpt2")
+    gate = stall_premise(post_runs, "this round's Post-LN arm (its own stall rule)", stalled)
+    origin = provenance(runs, lambda r: NAMES[(r["placement"], r["init"])])
+    md = (f"{pc.line(gate)}\n\n{origin}\n\nMachine: {machine()}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, "
+          f"300 steps, seeds 10-19. "
           f"Stalled: final val loss >= unigram loss of the evaluated windows ({post['unigram'] or float('nan'):.3f}) "
           f"- {STALL_MARGIN}; * marks a stalled run. Beside the rules, not part of "
           f"them (minillm.verdicts): the 95% Clopper-Pearson interval of each stall rate, and the two-sided Fisher p "
@@ -82,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    "final val loss of the runs that trained (mean)", "final val loss per seed (10-19)"], rows)
           + "\n\n" + table(["check (fixed before the runs)", "measured", "holds"], checks) + "\n")
     write(out, {"cells": {f"{a[0]}+{a[1]}": c for a, c in cells.items()}, "fisher_p": p, "confirmed": confirmed,
-                "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "machine": machine()}, md)
+                "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "precondition": [gate],
+                "machine": machine()}, md)
+    plot(runs, cells, out)
 
 
 if __name__ == "__main__":

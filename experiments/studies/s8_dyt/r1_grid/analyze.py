@@ -21,6 +21,12 @@ Hypotheses, each with its published source:
 A diverged run counts with the loss ln V (minillm.outcome.loss_for_comparison).
 The sd of the paired gaps (H3's noise) and, beside the rules without deciding anything, the 95% paired t intervals
 of the gaps at both budgets and of their growth come from minillm.verdicts.paired_t (experiments.common.study.paired).
+
+Added after the data (experiments.common.precondition; the rules above are unchanged): the premise tanh_saturation,
+the fraction of DyT's inputs with |alpha x| >= 1, measured at initialization for each alpha0 of the grid
+(saturation.py, saturation_at_init.json; the runs logged no DyT input statistics, so its value during training is
+not known). Where it is absent at every alpha0, H1-H3 read PREMISE_ABSENT: a DyT whose tanh stays linear is a
+scaled identity, not the bounded map the claims are about. H3 also reports the budgets in tokens per parameter.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pre
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
@@ -62,7 +69,20 @@ def gaps(dyt: dict[int, float], rms: dict[int, float]) -> list[float]:
     return [dyt[s] - rms[s] for s in sorted(dyt) if s in rms]
 
 
-def analyze(runs: Runs) -> tuple[dict, str]:
+def saturation_block(saturation: dict[str, list[float]], init: str = "gpt2",
+                     alphas: Sequence[float] = ALPHA0) -> dict:
+    """tanh_saturation at initialization for the given init and alpha0s (saturation.py's measurements)."""
+    cells = {f"alpha0={a:g}": saturation.get(f"{init}/{a:g}", []) for a in alphas}
+    return pre.measure("tanh_saturation", cells, "at initialization, 128 val windows (saturation.py); not recorded "
+                                                 "during training")
+
+
+def analyze(runs: Runs, saturation: dict[str, list[float]] | None = None) -> tuple[dict, str]:
+    """The round's tables and verdicts; ``saturation``: init/alpha0 -> fraction per seed (default: the committed
+    saturation_at_init.json)."""
+    from experiments.studies.s8_dyt.r1_grid import saturation as measured
+
+    gate = saturation_block(measured.load() if saturation is None else saturation)
     grid = {(lr, a0): mean(cell(runs, "dyt", lr, SHORT, a0).values()) for lr in LRS for a0 in ALPHA0}
     rms = {lr: mean(cell(runs, "rmsnorm", lr, SHORT).values()) for lr in LRS}
     diverged = {(lr, a0): sum(bool(r.get("diverged")) for r in runs if r.get("norm") == "dyt" and
@@ -102,6 +122,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     h3 = ("not run" if growth is None else "confirmed" if growth > noise else
           "contradicted" if growth < -noise else "not resolved")
 
+    n_params = mean(r.get("n_params") for r in runs if r.get("norm") == "rmsnorm" and r.get("n_params"))
+    per_param = {steps: steps * 16 * 64 / n_params for steps in (SHORT, LONG)} if n_params else {}
+    rule = {"h1": verdict_h1(), "h2": h2, "h3": h3}
+    word = {k: pre.gate(v, gate) for k, v in rule.items()}
     results = {
         "machine": machine(), "alpha0": ALPHA0, "lrs": LRS, "seeds": SEEDS, "steps": [SHORT, LONG],
         "grid_mean_loss": {f"{lr:g}/{a:g}": v for (lr, a), v in grid.items()},
@@ -109,11 +133,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         "best_alpha0_per_lr": {f"{lr:g}": a for lr, a in best_a0.items()},
         "alpha0_spread_per_lr": {f"{lr:g}": v for lr, v in spread.items()},
         "h1": {"gap_short_best_cells": gap_short, "long_alpha0": a0_long, "paired_gaps_short": short_pairs,
-               "paired_gaps_long": long_pairs, "gap_long": gap_long, "verdict": verdict_h1(),
+               "paired_gaps_long": long_pairs, "gap_long": gap_long, "verdict": word["h1"], "rule_verdict": rule["h1"],
                "paired_t_short": short_t, "paired_t_long": long_t},
         "h2": {"best_alpha0_smaller_at_high_lr": smaller, "more_sensitive_at_high_lr": more_sensitive,
-               "verdict": h2},
-        "h3": {"gap_growth": growth, "noise": noise, "verdict": h3, "paired_t_growth": growth_t},
+               "verdict": word["h2"], "rule_verdict": rule["h2"]},
+        "h3": {"gap_growth": growth, "noise": noise, "verdict": word["h3"], "rule_verdict": rule["h3"],
+               "paired_t_growth": growth_t, "tokens_per_parameter": {str(k): v for k, v in per_param.items()}},
+        "precondition": [gate],
     }
     pairs_table = table(["budget", "seeds", "DyT - RMSNorm per seed", "mean", "95% CI (paired t)"],
                         [[f"{SHORT} steps", len(short_pairs), " / ".join(f"{v:+.3f}" for v in short_pairs),
@@ -127,12 +153,15 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             f"{', '.join(f'{lr:g}: {v:.3f}' for lr, v in spread.items())}.\n",
         f"## DyT (alpha0 {a0_long:g}) - RMSNorm at lr {LONG_LR:g}, paired by seed\n", pairs_table, "",
         f"- H1 (parity with tuned alpha0): best cells {gap_short:+.3f} at {SHORT} steps, "
-        f"{'-' if gap_long is None else f'{gap_long:+.3f}'} at {LONG} steps -> **{results['h1']['verdict']}**",
+        f"{'-' if gap_long is None else f'{gap_long:+.3f}'} at {LONG} steps -> **{word['h1']}** (by its rule: "
+        f"{rule['h1']})",
         f"- H2 (larger lr needs smaller alpha0): best alpha0 smaller at lr {max(LRS):g}: {smaller}; "
         f"spread {spread[max(LRS)]:.3f} vs {spread[min(LRS)]:.3f} (>= {SENSITIVITY:g}x: {more_sensitive}) -> "
-        f"**{h2}**",
+        f"**{word['h2']}** (by its rule: {rule['h2']})",
         f"- H3 (the gap grows with tokens): growth {'-' if growth is None else f'{growth:+.3f}'}, noise {noise:.3f}"
-        f" -> **{h3}**",
+        f" -> **{word['h3']}** (by its rule: {rule['h3']}); the budgets are "
+        + ", ".join(f"{v:.1f}" for v in per_param.values()) + " tokens per parameter",
+        "", pre.line(gate),
         "", f"Beside the rules, not part of them: the intervals are minillm.verdicts' paired t over the seeds; the "
             f"growth's, paired by seed, is {ci(growth_t)}."])
     return results, md
@@ -145,8 +174,14 @@ def plot(runs: Runs, results: dict, out: Path) -> None:
         ys = [results["grid_mean_loss"][f"{lr:g}/{a:g}"] for a in ALPHA0]
         line = left.plot(ALPHA0, ys, marker="o", label=f"DyT, lr {lr:g}")[0]
         left.axhline(results["rmsnorm_mean_loss"][f"{lr:g}"], color=line.get_color(), ls="--", lw=1)
+        for a in ALPHA0:  # each seed
+            seeds = cell(runs, "dyt", lr, SHORT, a).values()
+            left.scatter([a] * len(seeds), list(seeds), color=line.get_color(), s=8, alpha=0.5)
+    unigram = mean(r.get("unigram_loss") for r in runs)
+    for ax in (left, right):
+        ax.axhline(unigram, color="k", ls=":", lw=1, label=f"unigram loss {unigram:.3f}")
     left.set(xscale="log", xlabel="alpha0", ylabel=f"final val loss, {SHORT} steps (mean of seeds)",
-             title="DyT vs alpha0 (dashed: RMSNorm at that lr)")
+             title="DyT vs alpha0 (dashed: RMSNorm at that lr; dots: seeds)")
     left.legend(fontsize=8)
     a0 = results["h1"]["long_alpha0"]
     for r in runs:

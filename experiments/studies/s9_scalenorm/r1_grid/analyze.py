@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, mean, paired, table
@@ -108,10 +109,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                 "S": (s["verdict"], f"{numbers(s)} (lr {best_lr['scalenorm', 40]:g} vs {best_lr['layernorm', 40]:g}"
                                     f"); engine: {s['engine']}")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs, seed-mean loss (a diverged run counts as ln V) per cell."
+    gate = pc.none("training without warmup, and parity with LayerNorm, are measured on every arm")
+    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, seed-mean loss (a diverged run counts as "
+          f"ln V) per cell."
           f"\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"loss": [{"norm": n, "warmup": w, "lr": lr, "loss": loss[n, w, lr], "failed": fails[n, w, lr]}
                         for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs, "machine": machine(),
+               "precondition": [gate],
                "S_interval": s}
     return results, md
 

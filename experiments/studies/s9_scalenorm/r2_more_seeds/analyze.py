@@ -23,7 +23,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.common.machine import machine, run_kernels
+from experiments.common import precondition as pc
+from experiments.common.machine import machine, provenance, run_kernels
+from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
 from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
 from minillm.compare import compare
@@ -55,13 +57,43 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                f"p = {res['p']:.2g}; engine: {res['engine']})" if lo is not None else f"{len(diffs)} seed(s)")
     used = [r for r in runs if r["norm"] in s9.NORMS and r["warmup_steps"] == WARMUP and math.isclose(r["lr"], LR)
             and r["seed"] in seeds]
-    md = (f"Analysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup {WARMUP}, paired by seed.\n\n"
+    gate = pc.none("a parity of two norms, measured on both")
+    md = (f"{pc.line(gate)}\n\n{provenance(used, lambda r: r['norm'])} The runs record no start time; their commit is "
+          f"the checkout they ran from.\n\nAnalysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup "
+          f"{WARMUP}, paired by seed.\n\n"
           f"{tab}\n\n"
           f"### Verdict (rule fixed before the runs)\n\nS: **{res['verdict']}**: ScaleNorm - LayerNorm {numbers}\n\n"
           f"Engine: minillm.verdicts.paired_t for the interval; verdicts.md for minillm.compare's full verdict.\n")
     return {"verdict": res["verdict"], "mean": res["diff"], "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
             "excludes_zero": excludes, "machine": machine(), "p": res["p"], "sd": res["sd"],
-            "engine_verdict": res["engine"]}, md
+            "engine_verdict": res["engine"], "precondition": [gate]}, md
+
+
+def plot(runs: Runs, results: dict, out: Path) -> None:
+    """seeds.png: each seed's LayerNorm and ScaleNorm loss (AVX2 seeds 0-3 grey, AVX512 seeds 4-15 blue), and the
+    paired differences with their mean, 95% interval and the +-0.02 parity margin."""
+    plt = pyplot()
+    cells = compared(runs)
+    per_norm = {n: {r["seed"]: (loss_for_comparison(r), r.get("cpu_capability")) for r in rs}
+                for n, rs in cells.items()}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for s in results["seeds"]:
+        (ln, cap), (sn, _) = per_norm["layernorm"][s], per_norm["scalenorm"][s]
+        a.plot([0, 1], [ln, sn], marker="o", lw=0.8, color="tab:blue" if cap == "AVX512" else "grey")
+    a.set_xticks([0, 1], ["LayerNorm", "ScaleNorm"])
+    a.set_ylabel(f"final val loss (lr {LR:g}, warmup {WARMUP})")
+    a.set_title("per seed (grey: AVX2, seeds 0-3; blue: AVX512)", fontsize=9)
+    b.scatter(results["seeds"], results["diffs"], s=14, color="k")
+    b.axhline(results["mean"], color="tab:red", label=f"mean {results['mean']:+.4f}")
+    b.axhspan(*results["ci"], color="tab:red", alpha=0.2, label="95% CI (paired t)")
+    for m in (-s9.MARGIN_PARITY, s9.MARGIN_PARITY):
+        b.axhline(m, ls="--", color="grey", lw=0.8)
+    b.axhline(0, color="k", lw=0.5)
+    b.set_xlabel("seed")
+    b.set_ylabel("ScaleNorm - LayerNorm (nats)")
+    b.set_title(f"parity margin +-{s9.MARGIN_PARITY:g} dashed", fontsize=9)
+    b.legend(fontsize=8)
+    save(fig, out / "seeds.png")
 
 
 def engine(runs: Runs) -> dict:
@@ -76,8 +108,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     new = load(HERE, args.sweeps, lambda k: False, out)
     first = load(s9.HERE, [], lambda k: False)
     runs = Runs([*first, *new])
-    write(out, *analyze(runs))
+    results, md = analyze(runs)
+    write(out, results, md)
     write_verdicts(out, engine(runs))
+    plot(runs, results, out)
 
 
 if __name__ == "__main__":

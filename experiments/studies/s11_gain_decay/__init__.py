@@ -1,0 +1,1 @@
+"""S11: weight decay on the norm gains (README.md)."""
