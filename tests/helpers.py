@@ -344,3 +344,31 @@ class CrashAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.at_step:
             raise RuntimeError("simulated crash")
+
+
+class LrJump(L.Callback):
+    """A planted spike: at step ``step`` the update of model.layers[layer] is ``factor`` times what the optimizer
+    computed (its lr times factor for that one step: W = W_before + factor * (W_after - W_before)), applied inside
+    the optimizer step, before any callback sees the step's end."""
+
+    def __init__(self, step: int, layer: int, factor: float = 300.0):
+        self.step, self.layer, self.factor = step, layer, factor
+        self._before: list[torch.Tensor] | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        params = list(pl_module.model.layers[self.layer].parameters())
+
+        def pre(optimizer, args, kwargs) -> None:
+            if trainer.global_step == self.step:
+                self._before = [p.detach().clone() for p in params]
+
+        def post(optimizer, args, kwargs) -> None:
+            if self._before is not None:
+                with torch.no_grad():
+                    for p, b in zip(params, self._before, strict=True):
+                        p.copy_(b + self.factor * (p - b))
+                self._before = None
+
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_pre_hook(pre)
+            optimizer.register_step_post_hook(post)
