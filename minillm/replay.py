@@ -173,6 +173,7 @@ def compose(run: Path, ckpt: Path, header: dict, steps: tuple[int, int], out: Pa
             cfg.logger.wandb.update(group=wandb_cfg.get("group") or cfg.name, job_type="replay", id=None,
                                     name=f"{name}-replay{steps[0]}-{steps[1]}" + "".join(f"-{o}" for o in overrides),
                                     tags=[*(cfg.get("tags") or []), "replay"])
+            cfg.logger.wandb.per_layer_scalars = True  # every probe's curve over the replayed steps
     return cfg
 
 
@@ -274,6 +275,7 @@ def finish(out: Path, run: Path, steps: tuple[int, int], overrides: list[str], c
     if path.is_file():
         summary = json.loads(path.read_text())
         summary.setdefault("replay", {}).update(_finite(result))
+        summary["failed"] = bool(summary.get("diverged")) or summary.get("status") == "failed"  # never validates
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         tmp.replace(path)
@@ -332,7 +334,7 @@ def plot_losses(lines: list[tuple[str, list[tuple[int, float]], int | None]], pa
 
 def compare(folders: list[str | Path], out: str | Path | None = None) -> Path:
     """One plot of the train loss of every replay under the folders, with their original runs' (same steps)."""
-    replays = [r for f in folders for r in find_runs(f) if "replay" in r.summary]
+    replays = [r for f in folders for r in find_runs(f, replays=True) if "replay" in r.summary]
     if not replays:
         raise ReplayError(f"--compare {' '.join(map(str, folders))}: no replay there (a summary.json with a replay "
                           "record); allowed: replay folders, or a folder of them (<run>/replays)")

@@ -158,7 +158,8 @@ def wandb_records(path: Path) -> list:
 
 
 def read_wandb_run(folder: Path) -> dict:
-    """id, history rows, summary and the summary-kind of each defined metric of an offline run folder."""
+    """id, group, tags, history rows, summary and the summary-kind of each defined metric of an offline run
+    folder."""
     import json as _json
     import time
 
@@ -172,11 +173,11 @@ def read_wandb_run(folder: Path) -> dict:
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    run_id, history, summary, defined = None, [], {}, {}
+    run_id, group, tags, history, summary, defined = None, None, [], [], {}, {}
     for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            run_id = record.run.run_id
+            run_id, group, tags = record.run.run_id, record.run.run_group, list(record.run.tags)
         elif kind == "history":
             history.append({"/".join([i.key, *i.nested_key] if i.key else list(i.nested_key)):
                             _json.loads(i.value_json) for i in record.history.item})
@@ -186,7 +187,8 @@ def read_wandb_run(folder: Path) -> dict:
                 summary[key] = _json.loads(item.value_json)
         elif kind == "metric" and record.metric.name:
             defined[record.metric.name] = record.metric.summary
-    return {"id": run_id, "history": history, "summary": summary, "defined": defined, "folder": Path(folder)}
+    return {"id": run_id, "group": group, "tags": tags, "history": history, "summary": summary, "defined": defined,
+            "folder": Path(folder)}
 
 
 # --- data layer (tests/test_data*.py) -------------------------------------------------------------------------

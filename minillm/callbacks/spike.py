@@ -7,7 +7,7 @@ them that the oldest is at least K steps back). When a loss spike (StabilityMoni
 RunTotals) or a divergence (DivergenceGuard's verdict in RunTotals) is found at step N, it writes, in ``dirpath``
 (``<run>/spikes``):
 
-    step_<N>.ckpt   the oldest ring checkpoint (at step A, N - K - every < A <= N): minillm-replay starts from it
+    step_<N>.ckpt   the oldest ring checkpoint (at step A, N - K - every <= A <= N): minillm-replay starts from it
     step_<N>.json   kind, step, loss and its z-score, the batch of step N (global sample indices and the windows'
                     token offsets: the batches are a pure function of (seed, sample index)), every signal of the
                     last K steps, the lead-lag ranking (minillm.forensics) and the replay command
