@@ -374,3 +374,19 @@ class LrJump(L.Callback):
         for optimizer in trainer.optimizers:
             optimizer.register_step_pre_hook(pre)
             optimizer.register_step_post_hook(post)
+
+
+class AttentionBlowUp(L.Callback):
+    """A planted attention-logit blow-up: before step ``step`` the query and key projections of
+    model.layers[layer] are scaled by ``factor`` (the attention logits by factor^2), as a runaway growth of
+    those weights would leave them."""
+
+    def __init__(self, step: int, layer: int, factor: float = 1e19):
+        self.step, self.layer, self.factor = step, layer, factor
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and batch_idx % max(trainer.accumulate_grad_batches, 1) == 0:
+            attn = pl_module.model.layers[self.layer].attn
+            with torch.no_grad():
+                attn.wq.weight.mul_(self.factor)
+                attn.wk.weight.mul_(self.factor)

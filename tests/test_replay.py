@@ -114,3 +114,35 @@ def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_plan
     assert sorted(replayed) == list(range(start, 42)) and all(replayed[s] == losses(run)[s] for s in replayed)
     leadlag = json.loads((folder / "leadlag.json").read_text())  # the replay's own lead-lag, probes on every step
     assert leadlag["step"] == 41 and leadlag["lead_lag"][0]["signal"] == "layer/1/update_ratio"
+
+
+def test_qk_norm_replayed_on_the_batches_of_an_attention_logit_blow_up_survives_where_the_run_diverged(
+        tmp_path, shared_cache, corpus):
+    """Before step 25 layer 1's query and key weights are scaled by 1e19 (helpers.AttentionBlowUp, planted): its
+    attention logits overflow fp32, the loss is NaN and the run diverges at step 25, leaving spikes/step_25.json.
+    Replayed from there as it was, it diverges at the same step; replayed with model.qk_norm=rmsnorm (the new QK-norm
+    gains at their init, recorded) on the same batches, with the same blow-up, it trains through step 39."""
+    run = train(tmp_path, shared_cache, corpus, "blowup", "trainer.max_steps=40", "trainer.val_check_interval=40",
+                "scheduler.warmup_steps=5", "optimizer.lr=1e-2", "callbacks.spike.steps=10",
+                "+callbacks.blow._target_=helpers.AttentionBlowUp", "+callbacks.blow.step=25",
+                "+callbacks.blow.layer=1")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["diverged"] is True and summary["diverged_step"] == 25
+    spike = json.loads((run / "spikes" / "step_25.json").read_text())
+    assert spike["kind"] == "divergence" and spike["checkpoint"]["step"] <= 15
+    as_it_was = tmp_path / "as_it_was"
+    replay(tmp_path, shared_cache, str(run / "spikes" / "step_25.json"), "--steps", "20:40", "--out", str(as_it_was))
+    again = json.loads((as_it_was / "summary.json").read_text())
+    assert again["diverged"] is True and again["diverged_step"] == 25
+    assert all(losses(as_it_was)[s] == losses(run)[s] for s in range(20, 25))
+    qk = tmp_path / "qk"
+    out = replay(tmp_path, shared_cache, str(run / "spikes" / "step_25.json"), "--steps", "20:40",
+                 "model.qk_norm=rmsnorm", "--out", str(qk))
+    assert "no divergence" in out, out[-2000:]
+    survived = json.loads((qk / "summary.json").read_text())
+    assert survived["diverged"] is False and survived["steps"] == 40 and survived["qk_norm"] == "rmsnorm"
+    assert sorted(survived["replay"]["carried_over"]["initialized"]) == [
+        f"layers.{i}.attn.{n}_norm.weight" for i in range(2) for n in ("k", "q")]
+    replayed = losses(qk)  # steps 15 (the checkpoint's) to 39
+    assert sorted(replayed) == list(range(15, 40)) and max(replayed.values()) < 3.0  # finite, and still learning
+    assert survived["max_attn_logit"] < 100  # the normalized queries and keys keep the logits small
