@@ -45,8 +45,8 @@ def attention_stats(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tup
     cap = getattr(attn, "softcap", None)
     for scores in attention_scores(attn, x, cos, sin):  # (H, T, T)
         best = torch.maximum(best, scores.amax())
-        if cap is not None:
-            scores = soft_cap(scores, cap)
+        if cap is not None:  # the cap of a masked score (-inf) would be -cap: keep the mask
+            scores = soft_cap(scores, cap).masked_fill(scores == float("-inf"), float("-inf"))
         logp = torch.log_softmax(scores, dim=-1)  # -inf at masked keys, whose probability is 0
         h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1).mean(-1)  # (H,)
         entropy, n = (h if entropy is None else entropy + h), n + 1
