@@ -52,11 +52,12 @@ def layer_of(key: str) -> int | str | None:
 
 
 def series_of(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> Series:
-    """Rows (step, {metric: value}) -> the signals' series (finite values only)."""
+    """Rows (step, {metric: value}) -> the signals' series (NaN left out; an infinite value is kept: an overflow is the
+    largest move a signal can make)."""
     out: Series = {}
     for step, metrics in rows:
         for key, value in metrics.items():
-            if is_signal(key) and isinstance(value, (int, float)) and math.isfinite(value):
+            if is_signal(key) and isinstance(value, (int, float)) and not math.isnan(value):
                 out.setdefault(key, []).append((int(step), float(value)))
     return out
 
@@ -67,7 +68,7 @@ def _zscores(points: list[tuple[int, float]], floor: float, min_baseline: int) -
     n_base = max(min_baseline, len(points) // 2)
     log = all(v > 0 for _, v in points)
     xs = [math.log(v) if log else v for _, v in points]
-    base = xs[:n_base]
+    base = [x for x in xs[:n_base] if math.isfinite(x)] or [0.0]
     median = statistics.median(base)
     scale = max(1.4826 * statistics.median(abs(x - median) for x in base), floor if log else floor * abs(median),
                 1e-12)
@@ -82,9 +83,10 @@ def lead_lag(series: Series, spike_step: int, threshold: float = 5.0, floor: flo
     at the peak / the baseline's median), baseline (that median)."""
     entries = []
     for key, points in series.items():
-        points = sorted((s, v) for s, v in points if s <= spike_step and math.isfinite(v))
-        if not is_signal(key) or len(points) < min_baseline + 1:
-            continue
+        points = sorted((s, v) for s, v in points if s <= spike_step and not math.isnan(v))
+        baseline = points[:max(min_baseline, len(points) // 2)]
+        if not is_signal(key) or len(points) < min_baseline + 1 or not all(math.isfinite(v) for _, v in baseline):
+            continue  # too short, or not finite in its baseline (an infinite value later is a move: z = inf)
         zs, n_base = _zscores(points, floor, min_baseline)
         onset = next(((s, z) for s, z in zs[n_base:] if abs(z) >= threshold), None)
         peak = max(range(len(zs)), key=lambda i: abs(zs[i][1]))
@@ -102,8 +104,9 @@ def lead_lag(series: Series, spike_step: int, threshold: float = 5.0, floor: flo
 def normalized(series: Series, spike_step: int, signal: str, floor: float = 0.2,
                min_baseline: int = 3) -> list[tuple[int, float]]:
     """One signal as robust z-scores against its baseline (as lead_lag computes them), at steps <= spike_step."""
-    points = sorted((s, v) for s, v in series.get(signal, []) if s <= spike_step and math.isfinite(v))
-    return _zscores(points, floor, min_baseline)[0] if len(points) > min_baseline else []
+    points = sorted((s, v) for s, v in series.get(signal, []) if s <= spike_step and not math.isnan(v))
+    zs = _zscores(points, floor, min_baseline)[0] if len(points) > min_baseline else []
+    return [(s, z) for s, z in zs if math.isfinite(z)]
 
 
 def describe(entry: Mapping[str, Any]) -> str:

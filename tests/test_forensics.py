@@ -56,3 +56,15 @@ def test_signals_attribute_to_their_layer_and_series_keep_finite_values(tmp_path
     assert sorted(series) == ["layer/0/weight_norm", "train/loss"] and len(series["train/loss"]) == 4
     plot(series, 4, lead_lag(series, 4), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 5_000
+
+
+def test_an_overflow_is_the_largest_move_and_nan_is_left_out():
+    """At a divergence the step's statistics may be infinite (an fp32 overflow) or NaN: +inf is a move of z = inf at
+    its step, NaN is no value."""
+    series = {"layer/1/attn_logit_max": noisy(20, 4.0, 8) + [(20, math.inf)],
+              "layer/0/resid_rms": noisy(20, 1.0, 9) + [(20, math.nan)]}
+    entries = lead_lag(series, spike_step=20)
+    assert entries[0]["signal"] == "layer/1/attn_logit_max" and entries[0]["onset_step"] == 20
+    assert entries[0]["z_onset"] == math.inf and entries[1]["onset_step"] is None
+    assert "z = inf" in describe(entries[0]) and "| inf |" in report({"kind": "divergence", "step": 20, "loss": None,
+                                                                        "lead_lag": entries})

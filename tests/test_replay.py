@@ -130,6 +130,8 @@ def test_qk_norm_replayed_on_the_batches_of_an_attention_logit_blow_up_survives_
     assert summary["diverged"] is True and summary["diverged_step"] == 25
     spike = json.loads((run / "spikes" / "step_25.json").read_text())
     assert spike["kind"] == "divergence" and spike["checkpoint"]["step"] <= 15
+    moved = [e for e in spike["lead_lag"] if e["onset_step"] is not None]  # layer 1 only: its logits, its weights
+    assert moved and {e["layer"] for e in moved} == {1} and moved[0]["signal"] == "layer/1/attn_logit_max"
     as_it_was = tmp_path / "as_it_was"
     replay(tmp_path, shared_cache, str(run / "spikes" / "step_25.json"), "--steps", "20:40", "--out", str(as_it_was))
     again = json.loads((as_it_was / "summary.json").read_text())
