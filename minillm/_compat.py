@@ -81,6 +81,12 @@ def as_saved_at_the_end_of_the_step(checkpoint: dict) -> None:
         counts["ready"] = counts["started"]
 
 
+def dump_checkpoint(trainer: L.Trainer) -> dict:
+    """The checkpoint Lightning would save now, as a dict (``_checkpoint_connector.dump_checkpoint``): model, loops,
+    optimizers, schedulers, callbacks' and the data module's states. Its tensors are the live ones (not copies)."""
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
 def store_one_logged_step_less(checkpoint: dict) -> None:
     """When Lightning resumes a checkpoint that was not saved at the end of a step with no validation in it, it
     adds one to the count of steps it has logged (ModelCheckpoint saves before the step's count is made).

@@ -62,6 +62,9 @@ def llama_incompatibilities(model: dict) -> list[str]:
         out.append("layernorm_scaling=True (Llama does not scale its norms by depth)")
     if cfg.get("qkv_bias"):
         out.append("qkv_bias=True (Llama's attention_bias would also put a bias on o_proj)")
+    for key in ("attn_logit_softcap", "final_logit_softcap"):
+        if cfg.get(key) is not None:
+            out.append(f"{key}={cfg[key]} (Llama has no logit soft-cap)")
     return out
 
 

@@ -6,9 +6,10 @@
 Runs the model (eval mode) over evenly spaced windows of the text with the probes train.py's StabilityMonitor uses
 (minillm.callbacks.probe.ActivationProbe) and writes, in DIR (default: <checkpoint>.inspect/):
 ``depth_profile.json`` (a row per layer: residual RMS and max |h|, their ratio (outlier ratio), max attention logit;
-a row per norm site: input RMS, max |x|, outlier ratio, fp16 headroom, gain mean and std; log Z), ``depth_profile.png``
-(each against depth) and an offline W&B run with the ``depth/layers`` and ``depth/norm_sites`` tables (upload it with
-``wandb sync``). Any minillm checkpoint works, every norm and placement, an imported Hugging Face model too.
+a row per norm site: input RMS, max |x|, outlier ratio, kurtosis, fp16 headroom, gain mean and std; log Z; the
+attention entropy per layer), ``depth_profile.png`` (each against depth) and an offline W&B run with the
+``depth/layers`` and ``depth/norm_sites`` tables (upload it with ``wandb sync``). Any minillm checkpoint works,
+every norm and placement, an imported Hugging Face model too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minillm.callbacks.probe import FP16_MAX, ActivationProbe
+from minillm.callbacks.probe import FP16_MAX, ActivationProbe, is_max_metric
 from minillm.hub import load_checkpoint
 from minillm.loggers import depth_profile
 from minillm.metrics import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric, parse_metric
@@ -41,7 +42,8 @@ def windows(ids: np.ndarray, length: int, count: int) -> torch.Tensor:
 
 @torch.no_grad()
 def probe(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 8) -> dict[str, float]:
-    """The probes' values over every window (maxima over windows, means of the rest), plus the outlier ratios."""
+    """The probes' values over every window (maxima over windows, means of the rest), plus each layer's outlier
+    ratio and each norm site's max |x|."""
     model.eval()
     hooks = ActivationProbe(model, probe_batch=batch_size)
     hooks.attach(attention=True)
@@ -52,7 +54,7 @@ def probe(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 8) -> dict[
             runs.append(hooks.collect())
     finally:
         hooks.detach()
-    values = {k: (max if k.endswith(("_max", "_max_fp16")) else np.mean)([r[k] for r in runs if k in r])
+    values = {k: (max if is_max_metric(k) else np.mean)([r[k] for r in runs if k in r])
               for k in runs[0]}
     out = {k: float(v) for k, v in values.items()}
     for key, value in list(out.items()):
@@ -60,8 +62,7 @@ def probe(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 8) -> dict[
         if kind == "layer" and metric == "resid_max":
             out[layer_metric(int(name), OUTLIER)] = value / max(out[layer_metric(int(name), "resid_rms")], 1e-30)
         elif kind == "norm" and metric == "in_max_fp16":
-            out[norm_metric(name, "in_max")] = value * FP16_MAX
-            out[norm_metric(name, OUTLIER)] = value * FP16_MAX / max(out[norm_metric(name, "in_rms")], 1e-30)
+            out[norm_metric(name, "in_max")] = value * FP16_MAX  # the probe gives its outlier ratio and kurtosis
     return out
 
 

@@ -22,6 +22,7 @@ UPDATE_RATIO, OUTPUT_CHANGE = "stab/update_ratio", "stab/output_change"
 MAX_ABS_H, MAX_ATTN_LOGIT = "stab/max_abs_h", "stab/max_attn_logit"
 LOG_Z_MEAN, LOG_Z_MAX = "stab/log_z_mean", "stab/log_z_max"
 LOSS_SPIKE_SCORE, LOSS_SPIKES = "stab/loss_spike_score", "stab/loss_spikes"
+GRAD_NORM_SPIKE_SCORE, GRAD_NORM_SPIKES = "stab/grad_norm_spike_score", "stab/grad_norm_spikes"
 AMP_SCALE, AMP_SKIPPED_STEPS = "stab/amp_scale", "stab/amp_skipped_steps"
 DIVERGED = "stab/diverged"
 TOKENS_PER_S, TOKENS_PER_S_DEVICE = "perf/tokens_per_s", "perf/tokens_per_s_device"
@@ -29,7 +30,7 @@ FLOPS_PER_S_DEVICE, MFU, DATA_WAIT_FRAC = "perf/flops_per_s_device", "perf/mfu",
 
 BEST_IS_LOW = (VAL_LOSS, VAL_BPC, VAL_BPB, TEST_LOSS, TEST_BPC, TEST_BPB)
 BEST_IS_HIGH = (GRAD_NORM, MAX_ABS_H, MAX_ATTN_LOGIT, LOG_Z_MAX, UPDATE_RATIO, OUTPUT_CHANGE,
-                LOSS_SPIKE_SCORE)  # the worst a run reached
+                LOSS_SPIKE_SCORE, GRAD_NORM_SPIKE_SCORE)  # the worst a run reached
 PER_SITE = ("layer", "norm")  # the kinds of per-block and per-norm-site names
 
 
@@ -45,13 +46,14 @@ def eval_metric(stage: str, name: str) -> str:
 
 
 def layer_metric(i: int, name: str) -> str:
-    """``layer/<i>/<name>``: grad_norm, update_ratio, resid_rms, resid_max, attn_logit_max."""
+    """``layer/<i>/<name>``: grad_norm, update_ratio, weight_norm, resid_rms, resid_max, attn_logit_max,
+    attn_entropy_min, attn_entropy_mean."""
     return f"layer/{i}/{name}"
 
 
 def norm_metric(site: str, name: str) -> str:
-    """``norm/<site>/<name>``: in_rms, in_max_fp16, gain_mean, gain_std, alpha, bn_mean_dist, bn_var_dist,
-    bn_mean_z, bn_var_z."""
+    """``norm/<site>/<name>``: in_rms, in_max_fp16, outlier_ratio, kurtosis, gain_mean, gain_std, alpha,
+    bn_mean_dist, bn_var_dist, bn_mean_z, bn_var_z."""
     return f"norm/{site}/{name}"
 
 

@@ -50,6 +50,8 @@ class ModelConfig:
     init_std: float = 0.02
     depth_scaled_init: bool = True  # gpt2: residual projections (attn.wo, ffn.w2) get init_std / sqrt(2 * n_layers)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2; minillm-import), init 0
+    attn_logit_softcap: float | None = None  # Gemma 2: attention scores c * tanh(s / c) before the softmax (50.0)
+    final_logit_softcap: float | None = None  # Gemma 2: output logits c * tanh(z / c) (30.0)
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
@@ -62,6 +64,8 @@ class ModelConfig:
         for name in ("norm_eps", "init_std"):
             check_number(f"model.{name}", getattr(self, name), low=0.0)
         check_number("model.rope_theta", self.rope_theta, low=0.0, low_open=True)
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            check_number(f"model.{name}", getattr(self, name), low=0.0, low_open=True, optional=True)
         check_number("model.mix_fraction", self.mix_fraction, low=0.0, high=1.0)
         for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling", "qkv_bias"):
             check_bool(f"model.{name}", getattr(self, name))
@@ -144,6 +148,12 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, 
     return angles.cos().float(), angles.sin().float()
 
 
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """Gemma 2's logit soft-cap: cap * tanh(x / cap), computed in fp32, in x's dtype. About x for |x| << cap, and
+    never beyond +-cap: the attention scores or output logits can grow without a softmax saturating."""
+    return (cap * torch.tanh(x.float() / cap)).to(x.dtype)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pairs (x[..., i], x[..., i + D/2]) of x (B, T, H, D) by the angle of their position."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, D/2) each
@@ -164,7 +174,8 @@ def at_positions(norm: nn.Module | None, start: int):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads, optional QK-norm and RoPE."""
+    """Causal self-attention with grouped-query heads, optional QK-norm and RoPE; with ``attn_logit_softcap`` the
+    scores q.k / sqrt(D) are soft-capped before the softmax (computed explicitly, in fp32: SDPA has no soft-cap)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -173,6 +184,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.softcap = cfg.attn_logit_softcap
         qk = cfg.qk_norm != "none"
         self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
         self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
@@ -194,9 +206,24 @@ class Attention(nn.Module):
             k, v = cache.update(k, v)  # (B, Hkv, start + T, D)
             if start and T > 1:
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)  # (T, S)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0,
-                                           enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
+        if self.softcap is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0,
+                                               enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
+        else:
+            if start == 0:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = self.capped_attention(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+    def capped_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """softmax(softcap(q k^T / sqrt(D)) masked) v for q (B, H, T, D), k and v (B, Hkv, S, D), mask (T, S) of
+        the allowed pairs or None (all); returns (B, H, T, D) in v's dtype."""
+        group = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
+        scores = soft_cap(q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.head_dim), self.softcap)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)
+        return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
 
 
 class FeedForward(nn.Module):
@@ -264,7 +291,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token embedding, blocks, final norm (when the last block does not end in one), LM head."""
+    """Token embedding, blocks, final norm (when the last block does not end in one), LM head (its logits
+    soft-capped with ``final_logit_softcap``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -348,7 +376,9 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D/2)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache=cache[i] if cache is not None else None)
-        return self.lm_head(at_positions(self.norm, start)(x))  # (B, T, V)
+        logits = self.lm_head(at_positions(self.norm, start)(x))  # (B, T, V)
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else soft_cap(logits, cap)
 
     def new_cache(self) -> list[KVCache]:
         """An empty KV cache, one KVCache per layer."""

@@ -30,10 +30,12 @@ class Run:
         return self.summary.get(key)
 
 
-def find_runs(sweep_dir: str | Path) -> list[Run]:
-    """Every folder under sweep_dir (itself included) holding a summary.json, in path order."""
+def find_runs(sweep_dir: str | Path, replays: bool = False) -> list[Run]:
+    """Every folder under sweep_dir (itself included) holding a summary.json, in path order; a replay
+    (minillm-replay: a summary.json with a ``replay`` record, in <run>/replays/) only with ``replays=True``."""
     paths = sorted(Path(sweep_dir).rglob("summary.json"))
-    return [Run(p.parent, json.loads(p.read_text())) for p in paths]
+    runs = [Run(p.parent, json.loads(p.read_text())) for p in paths]
+    return [r for r in runs if replays or "replay" not in r.summary]
 
 
 def read_curves(path: Path) -> dict[str, list[tuple[int, float]]]:

@@ -158,7 +158,8 @@ def wandb_records(path: Path) -> list:
 
 
 def read_wandb_run(folder: Path) -> dict:
-    """id, history rows, summary and the summary-kind of each defined metric of an offline run folder."""
+    """id, group, tags, history rows, summary and the summary-kind of each defined metric of an offline run
+    folder."""
     import json as _json
     import time
 
@@ -172,11 +173,11 @@ def read_wandb_run(folder: Path) -> dict:
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    run_id, history, summary, defined = None, [], {}, {}
+    run_id, group, tags, history, summary, defined = None, None, [], [], {}, {}
     for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            run_id = record.run.run_id
+            run_id, group, tags = record.run.run_id, record.run.run_group, list(record.run.tags)
         elif kind == "history":
             history.append({"/".join([i.key, *i.nested_key] if i.key else list(i.nested_key)):
                             _json.loads(i.value_json) for i in record.history.item})
@@ -186,7 +187,8 @@ def read_wandb_run(folder: Path) -> dict:
                 summary[key] = _json.loads(item.value_json)
         elif kind == "metric" and record.metric.name:
             defined[record.metric.name] = record.metric.summary
-    return {"id": run_id, "history": history, "summary": summary, "defined": defined, "folder": Path(folder)}
+    return {"id": run_id, "group": group, "tags": tags, "history": history, "summary": summary, "defined": defined,
+            "folder": Path(folder)}
 
 
 # --- data layer (tests/test_data*.py) -------------------------------------------------------------------------
@@ -344,3 +346,47 @@ class CrashAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.at_step:
             raise RuntimeError("simulated crash")
+
+
+class LrJump(L.Callback):
+    """A planted spike: at step ``step`` the update of model.layers[layer] is ``factor`` times what the optimizer
+    computed (its lr times factor for that one step: W = W_before + factor * (W_after - W_before)), applied inside
+    the optimizer step, before any callback sees the step's end."""
+
+    def __init__(self, step: int, layer: int, factor: float = 300.0):
+        self.step, self.layer, self.factor = step, layer, factor
+        self._before: list[torch.Tensor] | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        params = list(pl_module.model.layers[self.layer].parameters())
+
+        def pre(optimizer, args, kwargs) -> None:
+            if trainer.global_step == self.step:
+                self._before = [p.detach().clone() for p in params]
+
+        def post(optimizer, args, kwargs) -> None:
+            if self._before is not None:
+                with torch.no_grad():
+                    for p, b in zip(params, self._before, strict=True):
+                        p.copy_(b + self.factor * (p - b))
+                self._before = None
+
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_pre_hook(pre)
+            optimizer.register_step_post_hook(post)
+
+
+class AttentionBlowUp(L.Callback):
+    """A planted attention-logit blow-up: before step ``step`` the query and key projections of
+    model.layers[layer] are scaled by ``factor`` (the attention logits by factor^2), as a runaway growth of
+    those weights would leave them."""
+
+    def __init__(self, step: int, layer: int, factor: float = 1e19):
+        self.step, self.layer, self.factor = step, layer, factor
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and batch_idx % max(trainer.accumulate_grad_batches, 1) == 0:
+            attn = pl_module.model.layers[self.layer].attn
+            with torch.no_grad():
+                attn.wq.weight.mul_(self.factor)
+                attn.wk.weight.mul_(self.factor)

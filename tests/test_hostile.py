@@ -84,6 +84,56 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(overrides, message, tmp
     assert left_behind(cwd, log.name) == [] and not (tmp_path / "x").exists()  # no run folder, in logs/ or out
 
 
+# minillm-replay: (the arguments, what its one line must say); {run} is a 4-step run with checkpoints at steps 2 and 4
+BAD_REPLAY = [
+    ([], "minillm-replay: error: CKPT and --steps A:B are required (or --compare DIR...)"),
+    (["{run}/checkpoints"], "minillm-replay: error: CKPT and --steps A:B are required"),
+    (["{run}/checkpoints", "--steps", "3:2"], "minillm-replay: error: --steps '3:2' is invalid; allowed: A:B with "
+                                              "0 <= A < B"),
+    (["{run}/checkpoints", "--steps", "2-4"], "minillm-replay: error: --steps '2-4' is invalid; allowed: A:B"),
+    (["{run}/none.ckpt", "--steps", "2:4"], "minillm-replay: error: CKPT '{run}/none.ckpt' does not exist; allowed: "
+                                            "a checkpoint, a spikes/step_<N>.json, or a folder of checkpoints"),
+    (["{run}/checkpoints", "--steps", "0:4"], "minillm-replay: error: CKPT '{run}/checkpoints' holds no checkpoint "
+                                              "at or before step 0 (--steps)"),
+    (["{run}/checkpoints/step-2.ckpt", "--steps", "0:4"], "minillm-replay: error: --steps 0:4 starts before the "
+                                                          "checkpoint's step 2; allowed: A >= 2"),
+    (["{run}/checkpoints", "--steps", "2:9"], "minillm-replay: error: --steps 2:9 goes past the run's last step "
+                                              "(trainer.max_steps=4); allowed: B <= 4"),
+    (["{run}/checkpoints", "--steps", "2:4", "data.batch_size=2"],
+     "minillm-replay: error: the override data.batch_size=2 cannot be replayed (it would change the batches or is "
+     "not a stability knob); allowed: norm=, placement=, model.qk_norm="),
+    (["{run}/checkpoints", "--steps", "2:4", "seed=3"], "minillm-replay: error: the override seed=3 cannot be "
+                                                        "replayed"),
+    (["{run}/checkpoints", "--steps", "2:4", "norm=groupnorm"], "minillm-replay: error: norm=groupnorm is invalid; "
+                                                                "allowed: batchnorm, dyt"),
+    (["{run}/checkpoints", "--steps", "2:4", "optimizer.lr=-1"], "minillm-replay: error: optimizer.lr=-1"),
+    (["{run}/checkpoints", "--steps", "2:4", "--out", "{run}"], "minillm-replay: error: --out '{run}' is not empty; "
+                                                                "allowed: a new or empty folder"),
+    (["{run}/checkpoints", "--steps", "2:4", "--bogus"], "minillm-replay: error: unrecognized arguments: --bogus"),
+    (["--compare", "{run}/checkpoints"], "minillm-replay: error: --compare {run}/checkpoints: no replay there"),
+]
+
+
+@pytest.fixture(scope="module")
+def replayable(tmp_path_factory, shared_cache, corpus) -> Path:
+    """A 4-step run with W&B on and checkpoints after steps 2 and 4."""
+    cwd = tmp_path_factory.mktemp("replayable")
+    ok(cli(small(corpus, "trainer.max_steps=4", "name=r", "run_id=a",
+                 "callbacks.step_checkpoints.every_n_train_steps=2"), cwd, shared_cache))
+    return cwd / "logs" / "r" / "runs" / "a"
+
+
+@pytest.mark.parametrize("args, message", BAD_REPLAY, ids=[" ".join(a) or "nothing" for a, _ in BAD_REPLAY])
+def test_bad_replay_input_is_one_line_exit_2_and_leaves_nothing(args, message, replayable, tmp_path, shared_cache):
+    before = left_behind(replayable)
+    pid, log = start(["-m", "minillm.replay", *(a.format(run=replayable) for a in args)], tmp_path, shared_cache)
+    out = finish(pid, log, args)
+    lines = [line for line in out.output.splitlines() if "error: " in line]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.output, out.output[-3000:]
+    assert lines[0].startswith(message.format(run=replayable)), lines[0]
+    assert left_behind(tmp_path, log.name) == [] and left_behind(replayable) == before  # no replay folder
+
+
 def test_a_model_config_error_comes_before_the_data_is_prepared(tmp_path, corpus):
     """A BPE trains for minutes on a real corpus: a wrong model.dim must not wait for it."""
     cache = tmp_path / "cache"

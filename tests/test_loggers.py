@@ -105,9 +105,11 @@ def test_wandb_summary_depth_tables_and_samples_of_a_run(tmp_path, corpus):
     assert sorted(layers) == [0, 2, 4]  # the measured steps that are profile steps
     for table in layers.values():  # n_layers rows, one per layer in order, with their metrics
         assert [r[table["columns"].index("layer")] for r in table["data"]] == [0, 1]
-        assert {"resid_rms", "resid_max", "grad_norm", "update_ratio"} <= set(table["columns"])
+        assert {"resid_rms", "resid_max", "grad_norm", "update_ratio", "weight_norm"} <= set(table["columns"])
+    assert {"attn_logit_max", "attn_entropy_min", "attn_entropy_mean"} <= set(layers[0]["columns"])  # a probe step
     sites = tables(run, "depth/norm_sites")[4]
     assert len(sites["data"]) == 2 * 2 + 1  # attn_norm and ffn_norm per layer, the final norm
+    assert {"in_rms", "outlier_ratio", "kurtosis", "gain_mean"} <= set(sites["columns"])
     samples = tables(run, "samples")
     assert sorted(samples) == [2, 5] and len(samples[5]["data"]) == 2  # a row per validation so far
     assert (Path(cfg.paths.output_dir) / "samples.txt").read_text().count("step ") == 2

@@ -520,3 +520,44 @@ def test_layernorm_scaling_is_the_input_norm_gain_times_one_over_sqrt_depth(plac
     unscaled = Transformer(tiny(**cfg))
     unscaled.load_state_dict(scaled.state_dict())
     assert not torch.allclose(scaled(idx), unscaled(idx), atol=1e-4)  # the scaling changes the function
+
+
+def test_attention_softcap_caps_the_scores_before_the_softmax():
+    """model.attn_logit_softcap=c: softmax(c tanh(s / c)) v, grouped heads and the KV cache alike; a cap far above the
+    scores changes nothing, a small one flattens the attention."""
+    torch.manual_seed(0)
+    cfg = tiny(n_heads=4, n_kv_heads=2, attn_logit_softcap=0.5, init_std=0.5)
+    attn = Transformer(cfg).layers[0].attn
+    x = torch.randn(2, 9, cfg.dim)
+    cos, sin = rope_tables(cfg.head_dim, 9, cfg.rope_theta)
+    q, k = attn.qk(x, cos, sin)
+    v = attn.wv(x).view(2, 9, 2, cfg.head_dim).transpose(1, 2)
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)
+    assert scores.abs().amax() > 2  # the cap bites
+    capped = (0.5 * torch.tanh(scores / 0.5)).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    y = (capped.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, cfg.dim)
+    torch.testing.assert_close(attn(x, cos, sin), attn.wo(y), atol=1e-5, rtol=1e-5)
+    attn.softcap = 1e6  # far above every score: plain attention (SDPA's result)
+    out = attn(x, cos, sin)
+    attn.softcap = None
+    torch.testing.assert_close(out, attn(x, cos, sin), atol=1e-5, rtol=1e-5)
+
+
+def test_final_logit_softcap_bounds_the_logits_and_the_cache_agrees():
+    torch.manual_seed(0)
+    model = Transformer(tiny(final_logit_softcap=2.0, attn_logit_softcap=5.0, init_std=1.0)).eval()
+    plain = Transformer(tiny(init_std=1.0)).eval()
+    plain.load_state_dict(model.state_dict())
+    x = tokens(B=2, T=12)
+    logits, raw = model(x), plain(x)
+    assert raw.abs().amax() > 2 and logits.abs().amax() < 2.0  # capped: never beyond +-2
+    cache = model.new_cache()
+    torch.testing.assert_close(torch.cat([model(x[:, :5], cache), model(x[:, 5:6], cache), model(x[:, 6:], cache)], 1),
+                               logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("field", ["attn_logit_softcap", "final_logit_softcap"])
+def test_a_softcap_must_be_positive(field):
+    with pytest.raises(ValueError, match=rf"model.{field}=0 is invalid; allowed: a finite number > 0 or null"):
+        tiny(**{field: 0})

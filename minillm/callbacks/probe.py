@@ -4,29 +4,53 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from minillm.metrics import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric
+from minillm.model import soft_cap
 from minillm.norms import NORMS, BatchNorm, NoNorm
 
 FP16_MAX = 65504.0
 NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)
 
 
-def max_attention_logit(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Max over batch, heads and causal pairs (t >= s) of q_t . k_s / sqrt(D), from ``attn.qk`` (0-d fp32)."""
+def attention_scores(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Iterator[Tensor]:
+    """Per sequence of x, the attention scores q_t . k_s / sqrt(D) (H, T, T) in fp32 from ``attn.qk``, -inf where
+    s > t (the causal mask); one sequence at a time, so at most (H, T, T) values are held."""
     q, k = attn.qk(x, cos, sin)  # (B, H, T, D), (B, Hkv, T, D)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, T, D): query head h uses kv head h // g
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
-    best = torch.tensor(float("-inf"), device=q.device)
-    for b in range(q.shape[0]):  # one sequence at a time: (H, T, T) scores at most
+    for b in range(q.shape[0]):
         scores = q[b].float() @ k[b].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (H, T, T)
-        best = torch.maximum(best, scores.masked_fill(~causal, float("-inf")).amax())
-    return best
+        yield scores.masked_fill(~causal, float("-inf"))
+
+
+def max_attention_logit(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Max over batch, heads and causal pairs (t >= s) of q_t . k_s / sqrt(D), from ``attn.qk`` (0-d fp32)."""
+    return attention_stats(attn, x, cos, sin)[0]
+
+
+def attention_stats(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """(max attention logit, 0-d; attention entropy per head, (H,)) over the sequences of x. The max logit is that
+    of ``max_attention_logit`` (before any soft-cap: how far the scores grow); the entropy, in nats, is that of each
+    query's attention distribution as the model computes it (soft-capped with ``attn.softcap``), averaged over the
+    queries and sequences: log(t + 1) at most for the query at position t, 0 when every query attends to one key
+    (Zhai et al. 2023's entropy collapse)."""
+    best, entropy, n = torch.tensor(float("-inf"), device=x.device), None, 0
+    cap = getattr(attn, "softcap", None)
+    for scores in attention_scores(attn, x, cos, sin):  # (H, T, T)
+        best = torch.maximum(best, scores.amax())
+        if cap is not None:  # the cap of a masked score (-inf) would be -cap: keep the mask
+            scores = soft_cap(scores, cap).masked_fill(scores == float("-inf"), float("-inf"))
+        logp = torch.log_softmax(scores, dim=-1)  # -inf at masked keys, whose probability is 0
+        h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1).mean(-1)  # (H,)
+        entropy, n = (h if entropy is None else entropy + h), n + 1
+    return best, entropy / max(n, 1)
 
 
 def bn_stat_distance(bn: BatchNorm, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -66,10 +90,12 @@ def bn_sampling_null(batch: int, momentum: float) -> tuple[float, float]:
 class ActivationProbe:
     """Forward hooks on a ``minillm.model.Transformer`` that record, for the forwards they see:
 
-    per block the residual RMS and max |h| of its output; per norm site the input RMS, max |x| / 65504 and
-    (BatchNorm in training mode) the batch-vs-running statistic distance; log Z of the LM head output; and,
-    when attached with ``attention=True``, the max attention logit per layer on the first ``probe_batch``
-    sequences (computed again from the block's attention input with ``attn.qk``, no grad).
+    per block the residual RMS and max |h| of its output; per norm site the input RMS, max |x| / 65504, the
+    outlier ratio max |x| / RMS, the kurtosis of the per-feature RMS (``feature_kurtosis``) and (BatchNorm in
+    training mode) the batch-vs-running statistic distance; log Z of the model's output logits (after any soft-cap);
+    and, when attached with ``attention=True``, per layer the max attention logit and the attention entropy (min and
+    mean over heads) on the first ``probe_batch`` sequences (computed again from the block's attention input with
+    ``attn.qk``, no grad).
     """
 
     def __init__(self, model: nn.Module, probe_batch: int = 4):
@@ -92,9 +118,8 @@ class ActivationProbe:
                 self.handles.append(block.attn.register_forward_pre_hook(partial(self._attn_hook, i)))
         for name, module in self.sites.items():
             self.handles.append(module.register_forward_hook(partial(self._norm_hook, name)))
-        head = getattr(self.model, "lm_head", None)
-        if head is not None:
-            self.handles.append(head.register_forward_hook(self._head_hook))
+        if getattr(self.model, "lm_head", None) is not None:  # the logits as the model returns them (soft-capped)
+            self.handles.append(self.model.register_forward_hook(self._head_hook))
 
     def detach(self) -> None:
         for h in self.handles:
@@ -113,8 +138,12 @@ class ActivationProbe:
         if self._in_probe:
             return
         x = args[0].detach()
-        self.values[norm_metric(name, "in_rms")].append(_rms(x))
-        self.values[norm_metric(name, "in_max_fp16")].append(x.abs().amax().float() / FP16_MAX)
+        feature_ms = _feature_mean_square(x)  # (C,)
+        rms, top = feature_ms.mean().sqrt(), x.abs().amax().float()
+        self.values[norm_metric(name, "in_rms")].append(rms)
+        self.values[norm_metric(name, "in_max_fp16")].append(top / FP16_MAX)
+        self.values[norm_metric(name, "outlier_ratio")].append(top / rms.clamp_min(1e-30))
+        self.values[norm_metric(name, "kurtosis")].append(feature_kurtosis(feature_ms))
         if isinstance(module, BatchNorm) and module.training:
             d_mu, d_var, z_mu, z_var = bn_stat_distance(module, x)
             self.values[norm_metric(name, "bn_mean_dist")].append(d_mu)
@@ -138,14 +167,17 @@ class ActivationProbe:
         x, cos, sin = args  # (B, T, C), (T, D/2), (T, D/2)
         self._in_probe = True  # qk() runs the QK-norms: keep their hooks quiet
         try:
-            self.values[key].append(max_attention_logit(module, x[: self.probe_batch].detach(), cos, sin))
+            best, entropy = attention_stats(module, x[: self.probe_batch].detach(), cos, sin)
         finally:
             self._in_probe = False
+        self.values[key].append(best)
+        self.values[layer_metric(i, "attn_entropy_min")].append(entropy.amin())
+        self.values[layer_metric(i, "attn_entropy_mean")].append(entropy.mean())
 
     def collect(self) -> dict[str, float]:
         """Aggregate what the hooks recorded (max for maxima, mean otherwise), then clear; one device sync."""
         keys = sorted(self.values)
-        agg = [torch.stack(self.values[k]).amax() if _is_max(k) else torch.stack(self.values[k]).mean()
+        agg = [torch.stack(self.values[k]).amax() if is_max_metric(k) else torch.stack(self.values[k]).mean()
                for k in keys]
         for name, module in self.sites.items():
             g = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
@@ -167,6 +199,21 @@ def _rms(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x.detach(), dtype=torch.float32) / math.sqrt(max(x.numel(), 1))
 
 
-def _is_max(key: str) -> bool:
-    return key.endswith(("_max", "_max_fp16"))
+def _feature_mean_square(x: Tensor) -> Tensor:
+    """Mean of x^2 per feature (the last dimension) over every other dimension, fp32: (C,)."""
+    dims = tuple(range(x.ndim - 1))
+    n = max(x.numel() // max(x.shape[-1], 1), 1)
+    return torch.linalg.vector_norm(x, dim=dims, dtype=torch.float32).square() / n
+
+
+def feature_kurtosis(feature_ms: Tensor) -> Tensor:
+    """Kurtosis of the per-feature RMS s_j = sqrt(mean x_j^2) across the features j: mean(s^4) / mean(s^2)^2
+    (uncentred, from the per-feature mean squares). 1 when every feature has the same scale; large when a few
+    features carry most of the activation (outlier features, massive activations)."""
+    return feature_ms.square().mean() / feature_ms.mean().square().clamp_min(1e-30)
+
+
+def is_max_metric(key: str) -> bool:
+    """A probe value aggregated over forwards by its maximum (the others by their mean)."""
+    return key.endswith(("_max", "_max_fp16", "outlier_ratio"))
 

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 # the totals summary.json always has (null until measured); any other total a callback records is added to them
-TOTALS = ("max_grad_norm", "nonfinite_grad_steps", "spike_count", "max_attn_logit", "max_abs_h", "max_log_z",
-          "skipped_steps", "amp_scale")
+TOTALS = ("max_grad_norm", "nonfinite_grad_steps", "spike_count", "grad_spike_count", "max_attn_logit", "max_abs_h",
+          "max_log_z", "skipped_steps", "amp_scale", "spike_files")
 _DETACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # trainers without a configured RunTotals
 
 

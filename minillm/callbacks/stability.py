@@ -22,21 +22,25 @@ from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from minillm import _compat
-from minillm.callbacks.common import Observer, eager, log_metrics, train_loss
+from minillm.callbacks.common import Observer, eager, find_callback, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
 from minillm.callbacks.run_totals import RunTotals
+from minillm.callbacks.spike import SpikeCapture
 from minillm.errors import check_bool, check_int, check_number
 from minillm.metrics import (
     AMP_SCALE,
     AMP_SKIPPED_STEPS,
     GRAD_NONFINITE,
     GRAD_NORM,
+    GRAD_NORM_SPIKE_SCORE,
+    GRAD_NORM_SPIKES,
     LOG_Z_MAX,
     LOSS_SPIKE_SCORE,
     LOSS_SPIKES,
     MAX_ABS_H,
     MAX_ATTN_LOGIT,
     OUTPUT_CHANGE,
+    TRAIN_LOSS,
     UPDATE_RATIO,
     layer_metric,
 )
@@ -94,9 +98,12 @@ def spike_scores(losses: Iterable[float], **kwargs) -> tuple[list[float], list[b
 class StabilityMonitor(Observer):
     """Logs the stability metrics listed in this module's docstring.
 
-    Cheap metrics (gradient norms, residual and norm-site statistics, log Z, update ratio) every
-    ``every_n_steps`` optimizer steps; the attention-logit probe every ``probe_every_n_steps``; the loss-spike
-    score and the GradScaler bookkeeping every step (both are scalar reads). Hooks exist only during the
+    Cheap metrics (gradient norms, weight norms, residual and norm-site statistics, log Z, update ratio) every
+    ``every_n_steps`` optimizer steps; the attention probe (max logit, entropy) every ``probe_every_n_steps``; the
+    loss-spike and gradient-norm-spike scores and the GradScaler bookkeeping every step (scalar reads: the loss and
+    the gradient norm in one). With a SpikeCapture (``callbacks.spike``) on, every step it keeps is measured too,
+    the attention probe included, and handed to it; those steps are logged only on the regular cadence. Hooks exist
+    only during the
     measured steps, so other steps run the model untouched; with ``model.compile=true`` the measured steps run
     the model uncompiled (``LitLM.run_eagerly``), because hooks added to a compiled model are never called.
     ``output_change`` runs the model twice more on the first ``probe_batch_size`` sequences of a measured step,
@@ -115,15 +122,19 @@ class StabilityMonitor(Observer):
         self.every_n_steps, self.probe_every_n_steps = every_n_steps, probe_every_n_steps
         self.probe_batch_size, self.update_ratio, self.output_change = probe_batch_size, update_ratio, output_change
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
+        self.grad_spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)  # the same rule, on the norm
+        self.history: SpikeCapture | None = None  # the spike capture this callback feeds, if on (on_fit_start)
         self.probe: ActivationProbe | None = None
         self.scaler = None
         self.totals: RunTotals | None = None  # the run's totals this callback feeds (set in on_fit_start)
         self._reset_step()
 
     def _reset_step(self) -> None:
-        self._step, self._measure, self._stepped = 0, False, False
+        self._step, self._measure, self._stepped, self._log_step, self._record = 0, False, False, False, False
+        self._grad_total: Tensor | None = None  # this step's total gradient norm (every step)
         self._pending: dict[str, Tensor | float] = {}
         self._w_before: list[Tensor] | None = None
+        self._w_norms: Tensor | None = None  # (P,) the parameters' norms before the step (measured steps)
         self._probe_x: Tensor | None = None  # output_change: the probe sequences and their log-probs before
         self._logp_before: Tensor | None = None
         self._scale_before: Tensor | None = None
@@ -132,25 +143,31 @@ class StabilityMonitor(Observer):
         """The spike detector's history (plain values), so a resumed run continues it; the run totals this
         callback measures (max_grad_norm, nonfinite_grad_steps, skipped_steps, spike_count, max_attn_logit,
         max_abs_h, max_log_z, amp_scale) are RunTotals', in its state."""
-        return {"spikes": self.spikes.state_dict()}
+        return {"spikes": self.spikes.state_dict(), "grad_spikes": self.grad_spikes.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.spikes.load_state_dict(state["spikes"])
+        if "grad_spikes" in state:  # older checkpoints lack it: its history starts again
+            self.grad_spikes.load_state_dict(state["grad_spikes"])
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.probe = ActivationProbe(getattr(pl_module, "model", pl_module), self.probe_batch_size)
         self.scaler = getattr(trainer.precision_plugin, "scaler", None)
         self.totals = RunTotals.of(trainer)
-        for count in ("nonfinite_grad_steps", "skipped_steps", "spike_count"):
+        for count in ("nonfinite_grad_steps", "skipped_steps", "spike_count", "grad_spike_count"):
             self.totals.add(count, 0)  # 0 from the start: measured, none seen
+        capture = find_callback(trainer, SpikeCapture)
+        self.history = capture if capture is not None and capture.active(trainer) else None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._step = trainer.global_step
-        self._measure = self._step % self.every_n_steps == 0
+        self._log_step = self._step % self.every_n_steps == 0
+        self._record = self.history is not None and self.history.wants(self._step)
+        self._measure = self._log_step or self._record
         if self._measure and self.probe is not None and not self.probe.attached:
             probe_attn = self.probe_every_n_steps is not None and self._step % self.probe_every_n_steps == 0
-            self.probe.attach(attention=probe_attn)
+            self.probe.attach(attention=probe_attn or (self._record and self.history.attention))
             eager(pl_module, self, True)  # a compiled model would not call the hooks
         if self._measure and self.output_change and self._probe_x is None:  # first micro-batch of the step
             self._probe_x = batch[0][: self.probe_batch_size].detach()
@@ -165,12 +182,14 @@ class StabilityMonitor(Observer):
             total = get_total_norm(grads, 2.0)
             self.totals.add("nonfinite_grad_steps", (~total.isfinite()).long())  # inf or NaN gradients
             self.totals.record_max("max_grad_norm", total)  # after unscaling, before clipping
+            self._grad_total = total  # scored in on_train_batch_end, read with the loss
         if not self._measure:
             return
         if self.probe is not None:
             self.probe.detach()  # every forward of this step has run
         model = getattr(pl_module, "model", pl_module)
         params = self._params(model)
+        self._weight_norms(params)
         norms = grad_norm(model, 2.0)  # {"grad_2.0_norm/<param>": tensor, "grad_2.0_norm_total": tensor}
         if "grad_2.0_norm_total" in norms:
             self._pending[GRAD_NORM] = norms.pop("grad_2.0_norm_total")
@@ -213,12 +232,20 @@ class StabilityMonitor(Observer):
             out.append((name, layer, p))
         return out
 
+    def _weight_norms(self, params: list[tuple[str, int | None, Tensor]]) -> None:
+        """||W|| per block (Frobenius norm of all its parameters) before the optimizer step; the per-parameter norms
+        are kept as the update ratio's denominators."""
+        self._w_norms = torch.stack([torch.linalg.vector_norm(p.detach(), dtype=torch.float32) for _, _, p in params])
+        layers = torch.tensor([-1 if layer is None else layer for _, layer, _ in params], device=self._w_norms.device)
+        for i in sorted({layer for _, layer, _ in params if layer is not None}):
+            self._pending[layer_metric(i, "weight_norm")] = self._w_norms[layers == i].norm()
+
     def _update_ratios(self, model: nn.Module) -> dict[str, Tensor]:
         """||W_after - W_before|| / ||W_before|| per block and over all parameters (Frobenius norms)."""
         params = self._params(model)
         delta = torch.stack([torch.linalg.vector_norm(p.detach() - b, dtype=torch.float32)
                              for (_, _, p), b in zip(params, self._w_before, strict=True)])  # (P,)
-        weight = torch.stack([torch.linalg.vector_norm(b, dtype=torch.float32) for b in self._w_before])
+        weight = self._w_norms
         self._w_before = None
         out = {UPDATE_RATIO: delta.norm() / weight.norm().clamp_min(1e-12)}
         layers = torch.tensor([-1 if layer is None else layer for _, layer, _ in params], device=delta.device)
@@ -232,14 +259,20 @@ class StabilityMonitor(Observer):
         metrics: dict[str, float] = {}
         report = self._measure and self._stepped  # the measured step is complete (last micro-batch)
         loss = train_loss(outputs)
+        logs = self._log_step and self._stepped  # a measured step of the logging cadence
+        scores: dict[str, float] = {}
         if loss is not None:
-            score, spike = self.spikes.update(float(loss.detach()))
-            if (report or spike) and math.isfinite(score):  # no score before spike_min_history losses
-                metrics[LOSS_SPIKE_SCORE] = score
-            if spike:
-                self.totals.add("spike_count")
-            if report or spike:
-                metrics[LOSS_SPIKES] = float(self.spikes.count)
+            scalars = [loss.detach().float()]
+            if self._stepped and self._grad_total is not None:
+                scalars.append(self._grad_total.detach().float().to(scalars[0].device))
+            read = torch.stack(scalars).tolist()  # one device sync for both
+            scores.update(self._score(self.spikes, read[0], LOSS_SPIKE_SCORE, LOSS_SPIKES, "spike_count"))
+            if len(read) > 1:
+                scores.update(self._score(self.grad_spikes, read[1], GRAD_NORM_SPIKE_SCORE, GRAD_NORM_SPIKES,
+                                          "grad_spike_count"))
+            scores[TRAIN_LOSS] = read[0]
+            spiked = scores.pop("spike", False)
+            metrics.update({k: v for k, v in scores.items() if k != TRAIN_LOSS and (logs or spiked)})
         if self._stepped and self.scaler is not None:
             scale = _compat.grad_scaler_scale(self.scaler)
             if scale is not None and self._scale_before is not None:
@@ -249,24 +282,47 @@ class StabilityMonitor(Observer):
                 self.totals.set("amp_scale", metrics[AMP_SCALE])
                 metrics[AMP_SKIPPED_STEPS] = float(self.totals.get("skipped_steps", 0))
         if report:
-            tensors = dict(self._pending)
-            if self._w_before is not None:
-                tensors.update(self._update_ratios(getattr(pl_module, "model", pl_module)))
-            if self._logp_before is not None:
-                after = self._probe_logp(getattr(pl_module, "model", pl_module))
-                tensors[OUTPUT_CHANGE] = (after - self._logp_before).pow(2).mean().sqrt()
-            if tensors:
-                keys = list(tensors)
-                values = torch.stack([tensors[k].detach().float().cpu() for k in keys]).tolist()
-                metrics.update(zip(keys, values, strict=True))
-            if self.probe is not None:
-                metrics.update(self.probe.collect())
-            self._summarize(metrics)
+            measured = self._measured(pl_module)
+            if self._record:
+                self.history.record(self._step, {**scores, **metrics, **measured})
+            if self._log_step:
+                metrics.update(measured)
         if metrics:
             log_metrics(trainer, metrics, self._step)
         if self._stepped:
             self._reset_step()
             eager(pl_module, self, False)
+
+    def _score(self, detector: LossSpikeDetector, value: float, score_name: str, count_name: str,
+               total: str) -> dict[str, Any]:
+        """Score a value with its spike detector: its score (when it has one) and the count so far; ``spike``: True
+        when this value is one (the score and count are logged on measured steps and on spike steps)."""
+        score, spike = detector.update(value)
+        out: dict[str, Any] = {count_name: float(detector.count)}
+        if math.isfinite(score):  # no score before spike_min_history values
+            out[score_name] = score
+        if spike:
+            self.totals.add(total)
+            out["spike"] = True
+        return out
+
+    def _measured(self, pl_module: L.LightningModule) -> dict[str, float]:
+        """The measured step's metrics (one device sync), its derived maxima folded into the run totals."""
+        metrics: dict[str, float] = {}
+        tensors = dict(self._pending)
+        if self._w_before is not None:
+            tensors.update(self._update_ratios(getattr(pl_module, "model", pl_module)))
+        if self._logp_before is not None:
+            after = self._probe_logp(getattr(pl_module, "model", pl_module))
+            tensors[OUTPUT_CHANGE] = (after - self._logp_before).pow(2).mean().sqrt()
+        if tensors:
+            keys = list(tensors)
+            values = torch.stack([tensors[k].detach().float().cpu() for k in keys]).tolist()
+            metrics.update(zip(keys, values, strict=True))
+        if self.probe is not None:
+            metrics.update(self.probe.collect())
+        self._summarize(metrics)
+        return metrics
 
     def _summarize(self, metrics: dict[str, float]) -> None:
         """Add the step's derived maxima to metrics and fold them into the run totals."""

@@ -1,5 +1,5 @@
-"""ActivationProbe (minillm/callbacks/probe.py): attention logits, BatchNorm's batch-vs-running distances and their
-sampling null, every norm site of every norm and placement."""
+"""ActivationProbe (minillm/callbacks/probe.py): attention logits and entropy, the outlier ratio and kurtosis of norm
+inputs, BatchNorm's batch-vs-running distances and their sampling null, every norm site of every norm and placement."""
 
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from minillm.callbacks import (
     ActivationProbe,
     bn_sampling_null,
     bn_stat_distance,
+    feature_kurtosis,
 )
 from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
 from minillm.norms import BatchNorm
@@ -131,3 +132,72 @@ def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement)
     assert all(math.isfinite(v) for v in stats.values())
     if norm == "dyt":
         assert stats["norm/norm/alpha"] == pytest.approx(model.norm.alpha0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("softcap", [None, 0.3])
+def test_attention_entropy_matches_brute_force_per_head(softcap):
+    """Per head, the mean over queries t and probe sequences of -sum_{s<=t} p log p of the attention the model uses
+    (soft-capped when it is); the probe logs its min and mean over heads."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=8,
+                                    init_std=0.3, attn_logit_softcap=softcap))
+    idx = torch.randint(0, 17, (3, 7))
+    inputs = {}
+    for i, block in enumerate(model.layers):
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
+    probe = ActivationProbe(model, probe_batch=2)
+    probe.attach(attention=True)
+    model(idx)
+    probe.detach()
+    stats = probe.collect()
+    for i, block in enumerate(model.layers):
+        x, cos, sin = inputs[i]
+        attn, (B, T) = block.attn, (2, 7)
+        q = apply_rope(attn.wq(x[:B]).view(B, T, 4, 8), cos, sin).double()
+        k = apply_rope(attn.wk(x[:B]).view(B, T, 2, 8), cos, sin).double()
+        per_head = []
+        for h in range(4):
+            total = 0.0
+            for b in range(B):
+                for t in range(T):
+                    s = torch.stack([q[b, t, h] @ k[b, j, h // 2] for j in range(t + 1)]) / math.sqrt(8)
+                    if softcap is not None:
+                        s = softcap * torch.tanh(s / softcap)
+                    p = s.softmax(0)
+                    total += float(-(p * p.log()).sum())
+            per_head.append(total / (B * T))
+        assert stats[f"layer/{i}/attn_entropy_min"] == pytest.approx(min(per_head), rel=1e-4)
+        assert stats[f"layer/{i}/attn_entropy_mean"] == pytest.approx(sum(per_head) / 4, rel=1e-4)
+        assert 0 < min(per_head) < math.log(T)
+
+
+def test_feature_kurtosis_is_one_for_equal_scales_and_c_for_one_feature():
+    C = 16
+    assert float(feature_kurtosis(torch.full((C,), 2.0))) == pytest.approx(1.0)
+    assert float(feature_kurtosis(torch.eye(C)[3])) == pytest.approx(C)
+
+
+@torch.no_grad()
+def test_outlier_ratio_and_kurtosis_see_a_massive_activation_at_a_norm_input():
+    """A planted outlier feature (x1000 on one channel of the embedding) shows at the first norm's input: max |x| /
+    RMS and the per-feature kurtosis both jump, against the same model without it."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=1, n_heads=2, max_seq_len=8))
+    idx = torch.randint(0, 11, (4, 8))
+
+    def measure() -> dict[str, float]:
+        probe = ActivationProbe(model)
+        probe.attach(attention=False)
+        model(idx)
+        probe.detach()
+        return probe.collect()
+
+    before = measure()
+    x = model.tok_emb(idx)
+    expected = float(x.abs().amax() / x.pow(2).mean().sqrt())
+    assert before["norm/layers.0.attn_norm/outlier_ratio"] == pytest.approx(expected, rel=1e-5)
+    model.tok_emb.weight[:, 5] *= 1000.0
+    after = measure()
+    assert after["norm/layers.0.attn_norm/outlier_ratio"] > 3 * before["norm/layers.0.attn_norm/outlier_ratio"]
+    assert before["norm/layers.0.attn_norm/kurtosis"] < 2 and after["norm/layers.0.attn_norm/kurtosis"] > 15

@@ -82,17 +82,19 @@ def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
 
 def expected_metrics(n_layers: int, bn_layers: set[int]) -> set[str]:
     keys = {f"stab/{k}" for k in ("grad_norm", "grad_nonfinite", "update_ratio", "max_abs_h", "log_z_mean",
-                                  "log_z_max", "max_attn_logit", "loss_spike_score", "loss_spikes")}
+                                  "log_z_max", "max_attn_logit", "loss_spike_score", "loss_spikes",
+                                  "grad_norm_spike_score", "grad_norm_spikes")}
     for i in range(n_layers):
-        keys |= {f"layer/{i}/{k}" for k in ("grad_norm", "update_ratio", "resid_rms", "resid_max",
-                                            "attn_logit_max")}
+        keys |= {f"layer/{i}/{k}" for k in ("grad_norm", "update_ratio", "weight_norm", "resid_rms", "resid_max",
+                                            "attn_logit_max", "attn_entropy_min", "attn_entropy_mean")}
         for site in ("attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm"):
-            keys |= {f"norm/layers.{i}.{site}/{k}" for k in ("in_rms", "in_max_fp16", "gain_mean",
-                                                             "gain_std")}
+            keys |= {f"norm/layers.{i}.{site}/{k}" for k in ("in_rms", "in_max_fp16", "outlier_ratio", "kurtosis",
+                                                             "gain_mean", "gain_std")}
         if i in bn_layers:
             keys |= {f"norm/layers.{i}.{s}/bn_{k}_dist" for s in ("attn_norm", "ffn_norm")
                      for k in ("mean", "var")}
-    return keys | {f"norm/norm/{k}" for k in ("in_rms", "in_max_fp16", "gain_mean", "gain_std")}
+    return keys | {f"norm/norm/{k}" for k in ("in_rms", "in_max_fp16", "outlier_ratio", "kurtosis", "gain_mean",
+                                              "gain_std")}
 
 
 def test_tiny_run_logs_every_metric_and_writes_a_complete_summary(tmp_path, corpus):

@@ -1,0 +1,70 @@
+"""Lead-lag (minillm/forensics.py): which signal moved first before a spike, on series whose answer is known."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from minillm.forensics import describe, layer_of, lead_lag, normalized, plot, report, series_of
+
+
+def noisy(n: int, level: float, seed: int, jump_at: int | None = None, factor: float = 1.0) -> list[tuple[int, float]]:
+    rng = random.Random(seed)
+    return [(s, level * (factor if jump_at is not None and s >= jump_at else 1.0) * math.exp(rng.gauss(0, 0.05)))
+            for s in range(n)]
+
+
+def test_the_signal_that_moved_first_ranks_first_and_noise_does_not_move():
+    """Layer 2's update ratio jumps x50 at step 17, layer 0's gradient norm x10 at step 19, the loss x4 at step 20
+    (the spike); layer 1's resid RMS only wobbles. Ranked by onset: update ratio, then gradient norm; the wobble has no
+    onset."""
+    series = {"layer/2/update_ratio": noisy(21, 1e-3, 1, jump_at=17, factor=50),
+              "layer/0/grad_norm": noisy(21, 0.5, 2, jump_at=19, factor=10),
+              "train/loss": noisy(21, 2.0, 3, jump_at=20, factor=4),
+              "layer/1/resid_rms": noisy(21, 1.0, 4),
+              "train/lr": noisy(21, 1e-3, 5, jump_at=3, factor=100)}  # not a signal: left out
+    entries = lead_lag(series, spike_step=20)
+    assert [e["signal"] for e in entries] == ["layer/2/update_ratio", "layer/0/grad_norm", "train/loss",
+                                              "layer/1/resid_rms"]
+    first = entries[0]
+    assert (first["layer"], first["onset_step"], first["lead"]) == (2, 17, 3)
+    assert first["peak_ratio"] == pytest.approx(50, rel=0.3) and first["z_onset"] > 5
+    assert entries[1]["lead"] == 1 and entries[2]["lead"] == 0 and entries[3]["onset_step"] is None
+    assert "layer/2/update_ratio: at step 17, 3 steps before the spike" in describe(first)
+    assert "| 1 | `layer/2/update_ratio` | 2 | 17 | 3 |" in report({"kind": "loss_spike", "step": 20, "loss": 4.0,
+                                                                      "loss_z": 9.0, "lead_lag": entries})
+
+
+def test_a_fall_counts_as_a_move_and_steps_after_the_spike_are_ignored():
+    series = {"layer/0/attn_entropy_min": noisy(30, 1.5, 6, jump_at=15, factor=0.05),  # entropy collapse at 15
+              "layer/1/grad_norm": noisy(30, 1.0, 7, jump_at=25, factor=100)}  # after the spike at 20
+    entries = lead_lag(series, spike_step=20)
+    assert entries[0]["signal"] == "layer/0/attn_entropy_min" and entries[0]["z_onset"] < -5
+    assert entries[1]["onset_step"] is None
+    z = normalized(series, 20, "layer/0/attn_entropy_min")
+    assert [s for s, _ in z] == list(range(21)) and abs(z[0][1]) < 3 and z[-1][1] < -5
+
+
+def test_signals_attribute_to_their_layer_and_series_keep_finite_values(tmp_path):
+    assert layer_of("layer/3/grad_norm") == 3 and layer_of("norm/layers.1.attn.q_norm/kurtosis") == 1
+    assert layer_of("norm/norm/in_rms") == "final" and layer_of("stab/log_z_max") is None
+    rows = [(s, {"train/loss": 2.0 if s != 2 else float("nan"), "layer/0/weight_norm": 3.0, "val/loss": 1.0})
+            for s in range(5)]
+    series = series_of(rows)
+    assert sorted(series) == ["layer/0/weight_norm", "train/loss"] and len(series["train/loss"]) == 4
+    plot(series, 4, lead_lag(series, 4), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 5_000
+
+
+def test_an_overflow_is_the_largest_move_and_nan_is_left_out():
+    """At a divergence the step's statistics may be infinite (an fp32 overflow) or NaN: +inf is a move of z = inf at
+    its step, NaN is no value."""
+    series = {"layer/1/attn_logit_max": noisy(20, 4.0, 8) + [(20, math.inf)],
+              "layer/0/resid_rms": noisy(20, 1.0, 9) + [(20, math.nan)]}
+    entries = lead_lag(series, spike_step=20)
+    assert entries[0]["signal"] == "layer/1/attn_logit_max" and entries[0]["onset_step"] == 20
+    assert entries[0]["z_onset"] == math.inf and entries[1]["onset_step"] is None
+    assert "z = inf" in describe(entries[0]) and "| inf |" in report({"kind": "divergence", "step": 20, "loss": None,
+                                                                        "lead_lag": entries})
