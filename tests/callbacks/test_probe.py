@@ -35,20 +35,26 @@ def brute_force_max_logit(attn, x, cos, sin) -> float:
     return best
 
 
+def probe_attention(model: Transformer, idx: torch.Tensor) -> tuple[dict, dict, ActivationProbe]:
+    """One forward with the attention probe on (probe batch: the first 2 sequences): what each block's attention
+    saw, (x, cos, sin) by layer, the probe's statistics, and the probe."""
+    inputs = {}
+    for i, block in enumerate(model.layers):
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
+    probe = ActivationProbe(model, probe_batch=2)
+    probe.attach(attention=True)
+    model(idx)
+    probe.detach()
+    return inputs, probe.collect(), probe
+
+
 @torch.no_grad()
 def test_max_attention_logit_matches_brute_force_on_the_probe_batch():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=8,
                                     qk_norm="layernorm", init_std=0.3))
     idx = torch.randint(0, 17, (3, 7))
-    inputs = {}
-    for i, block in enumerate(model.layers):  # what attention sees: (x, cos, sin)
-        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
-    probe = ActivationProbe(model, probe_batch=2)
-    probe.attach(attention=True)
-    model(idx)
-    probe.detach()
-    stats = probe.collect()
+    inputs, stats, probe = probe_attention(model, idx)
     for i, block in enumerate(model.layers):
         x, cos, sin = inputs[i]
         expected = brute_force_max_logit(block.attn, x[:2], cos, sin)  # the probe batch: first 2 sequences
@@ -143,14 +149,7 @@ def test_attention_entropy_matches_brute_force_per_head(softcap):
     model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=8,
                                     init_std=0.3, attn_logit_softcap=softcap))
     idx = torch.randint(0, 17, (3, 7))
-    inputs = {}
-    for i, block in enumerate(model.layers):
-        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args))
-    probe = ActivationProbe(model, probe_batch=2)
-    probe.attach(attention=True)
-    model(idx)
-    probe.detach()
-    stats = probe.collect()
+    inputs, stats, _ = probe_attention(model, idx)
     for i, block in enumerate(model.layers):
         x, cos, sin = inputs[i]
         attn, (B, T) = block.attn, (2, 7)
