@@ -14,8 +14,7 @@ from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
 PREREGISTERED = ("s10_mixln/r4_lns_budget", "s8_dyt/r3_budget_per_site",
-                 "s4_batchnorm/r3_powernorm_nogroup",
-                 "s3_lr_sensitivity/r3_attn_entropy", "s3_lr_sensitivity/r4_width_transfer",
+                 "s3_lr_sensitivity/r4_width_transfer",
                  "s11_gain_decay/r1_prereg")
 
 
