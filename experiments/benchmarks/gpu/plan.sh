@@ -54,7 +54,7 @@ and torch.cuda.get_device_name())"; $PY -m pip list 2>/dev/null | grep -i -E "^(
     step 500 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels --out "$OUT" $SMOKE \
       ${DRY:+--no-compile} ;;
   train)
-    step 420 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
+    step 480 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   preset)
     wheels
     step 480 preset $PY -m experiments.benchmarks.gpu.preset --out "$OUT" ${DRY:+--dry-run} ;;

@@ -347,14 +347,15 @@ def bench_train(args, device: str, save) -> None:
     peak = peak_flops(device)
     # most valuable first (a time limit loses the last): the compiled rows the targets judge, the fused kernel first
     compiles = (True, False) if not args.no_compile else (False,)
-    order = [(norm, compiled) for compiled in compiles for norm in ("fused_rmsnorm", "rmsnorm")]
-    for norm, compiled in order:
+    order = [(norm, compiled, precision) for compiled in compiles for precision in ("bf16-mixed", "bf16-true")
+             for norm in ("fused_rmsnorm", "rmsnorm")]
+    for norm, compiled, precision in order:
         try:
-            row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak)
+            row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak, precision)
         except Exception as e:  # a compile failure must not lose the other rows
-            row = {"norm": norm, "compiled": compiled, **failure(e)}
+            row = {"norm": norm, "compiled": compiled, "precision": precision, **failure(e)}
         save("train_step", [row])
-        print(f"train {norm:>14} compiled={compiled!s:5}  " + (row.get("error") or
+        print(f"train {norm:>14} compiled={compiled!s:5} {precision:10} " + (row.get("error") or
               f"{row['step_ms']:8.2f} ms/step {row['tokens_per_s']:10.0f} tok/s MFU {row.get('mfu')}"),
               flush=True)
         torch._dynamo.reset()
@@ -363,8 +364,9 @@ def bench_train(args, device: str, save) -> None:
 
 
 def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, steps: int, warmup: int,
-              peak: float | None) -> dict:
-    """Median train-step time of one configuration; everything it allocates is freed on return."""
+              peak: float | None, precision: str = "bf16-mixed") -> dict:
+    """Median train-step time of one configuration; everything it allocates is freed on return. ``precision``:
+    bf16-mixed (fp32 weights, bf16 autocast: the residual stream is fp32) or bf16-true (the model in bf16)."""
     import torch
     import torch.nn.functional as F
 
@@ -373,7 +375,7 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
     T, V = kw["max_seq_len"], kw["vocab_size"]
     torch.manual_seed(0)
     cfg = ModelConfig(norm=norm, **kw)
-    model = Transformer(cfg).to(device)
+    model = Transformer(cfg).to(device, dtype=torch.bfloat16 if precision == "bf16-true" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device == "cuda")
     fwd = torch.compile(model) if compiled else model
     idx = torch.randint(V, (batch, T + 1), device=device)
@@ -386,7 +388,7 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             logits = fwd(inp)  # (B, T, V)
         loss = F.cross_entropy(logits.float().view(-1, V), tgt.reshape(-1))
         loss.backward()
@@ -405,7 +407,7 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
         causal = analytic_flops_per_token(cfg, T, causal=True) * tok_s
     except Exception:
         flops = causal = None
-    return {"norm": norm, "compiled": compiled, "dtype": "bf16", "params_M": model.num_params() / 1e6,
+    return {"norm": norm, "compiled": compiled, "precision": precision, "params_M": model.num_params() / 1e6,
             "batch": batch, "seq_len": T, "step_ms": ms, "tokens_per_s": tok_s, "loss": loss.item(),
             "flops_per_s": flops, "peak_flops": peak, "mfu": flops / peak if flops and peak else None,
             "mfu_causal": causal / peak if causal and peak else None,
