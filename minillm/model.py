@@ -220,10 +220,11 @@ class Attention(nn.Module):
         the allowed pairs or None (all); returns (B, H, T, D) in v's dtype."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
-        scores = soft_cap(q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.head_dim), self.softcap)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)
-        return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
+        with torch.autocast(q.device.type, enabled=False):  # fp32 scores even under autocast, which would make bf16
+            scores = soft_cap(q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.head_dim), self.softcap)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)
+            return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
 
 
 class FeedForward(nn.Module):

@@ -107,7 +107,7 @@ def parse_overrides(overrides: list[str]) -> list[Any]:
         raise ReplayError(f"an override cannot be parsed ({' '.join(str(err).split())[:200]}); write key=value") \
             from None
     for o in parsed:
-        if o.key_or_group not in OVERRIDES or o.is_delete() or o.is_add():
+        if o.key_or_group not in OVERRIDES or o.is_delete() or o.is_add() or o.is_force_add():
             raise ReplayError(f"the override {o.input_line} cannot be replayed (it would change the batches or is not "
                               f"a stability knob); allowed: {', '.join(k + '=' for k in OVERRIDES)}")
     return parsed
@@ -238,7 +238,7 @@ def replay(ckpt: str | Path, steps: tuple[int, int], out: str | Path | None = No
 
 
 def _lr_factor(cfg: DictConfig, start: ReplayStart, overrides: list[str]) -> float:
-    if not any(o.startswith("optimizer.lr=") for o in overrides):
+    if not any(o.key_or_group == "optimizer.lr" for o in parse_overrides(overrides)):
         return 1.0
     if str(cfg.optimizer.get("_target_", "")).endswith("MuonWithAdamW"):
         raise ReplayError("optimizer.lr= cannot be replayed with optimizer=muon (two learning rates); allowed: the "
@@ -259,8 +259,8 @@ def finish(out: Path, run: Path, steps: tuple[int, int], overrides: list[str], c
         "final_train_loss": replayed[max(replayed)] if replayed else None,
         "max_train_loss": max((v for v in replayed.values() if math.isfinite(v)), default=None),
     }
-    spike = _first_spike(mine, cfg)
-    if spike is not None and spike > steps[0]:
+    spike = _first_spike(mine, cfg, steps)
+    if spike is not None:
         series = {k: v for k, v in mine.items() if forensics.is_signal(k)}
         entries = forensics.lead_lag(series, spike)
         record = {"kind": "replay_spike", "step": spike, "lead_lag": entries, "loss": dict(mine[TRAIN_LOSS]).get(spike)}
@@ -282,12 +282,13 @@ def finish(out: Path, run: Path, steps: tuple[int, int], overrides: list[str], c
     return result
 
 
-def _first_spike(curves: dict, cfg: DictConfig) -> int | None:
-    """The replay's first loss spike (a score above spike_k) or divergence, if any."""
+def _first_spike(curves: dict, cfg: DictConfig, steps: tuple[int, int]) -> int | None:
+    """The first loss spike (a score above spike_k) or divergence among the replayed steps A..B-1, if any (the
+    steps from the checkpoint up to A run only to reach A)."""
     k = OmegaConf.select(cfg, "callbacks.stability.spike_k", default=4.0)
     spikes = [s for s, v in curves.get("stab/loss_spike_score", []) if v > k]
     diverged = [s for s, _ in curves.get(DIVERGED, [])]
-    found = sorted(spikes + diverged)
+    found = sorted(s for s in spikes + diverged if steps[0] <= s < steps[1])
     return found[0] if found else None
 
 

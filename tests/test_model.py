@@ -561,3 +561,18 @@ def test_final_logit_softcap_bounds_the_logits_and_the_cache_agrees():
 def test_a_softcap_must_be_positive(field):
     with pytest.raises(ValueError, match=rf"model.{field}=0 is invalid; allowed: a finite number > 0 or null"):
         tiny(**{field: 0})
+
+
+def test_soft_capped_attention_scores_stay_fp32_under_bf16_autocast():
+    """The soft-cap's tanh saturates near the cap, where bf16 rounds scores to steps of 0.25 or more: the capped
+    attention computes its scores in fp32 whatever autocast says, so its output under autocast is the fp32 one."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=17, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=8,
+                                    attn_logit_softcap=50.0))
+    attn = model.layers[0].attn
+    q, k, v = torch.randn(2, 4, 8, 8) * 30, torch.randn(2, 2, 8, 8) * 30, torch.randn(2, 2, 8, 8)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    expected = attn.capped_attention(q, k, v, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attn.capped_attention(q, k, v, mask)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)

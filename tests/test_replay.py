@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers import ROOT, read_wandb_run
 from processes import cli, ok
 
@@ -148,3 +149,62 @@ def test_qk_norm_replayed_on_the_batches_of_an_attention_logit_blow_up_survives_
     replayed = losses(qk)  # steps 15 (the checkpoint's) to 39
     assert sorted(replayed) == list(range(15, 40)) and max(replayed.values()) < 3.0  # finite, and still learning
     assert survived["max_attn_logit"] < 100  # the normalized queries and keys keep the logits small
+
+
+def test_a_muon_replay_that_changes_the_norm_gives_each_parameter_its_own_state():
+    """A Muon run (hidden matrices in a group of their own) with decayed gains, replayed with LayerNorm: every
+    parameter the two models share keeps its own optimizer state; LayerNorm's biases start without."""
+    import dataclasses
+    import functools
+
+    import torch
+    from helpers import tiny
+
+    from minillm.lit_module import LitLM
+    from minillm.model import Transformer
+    from minillm.optim import MuonWithAdamW, param_groups
+    from minillm.run.replay import _remap_optimizer
+
+    torch.manual_seed(0)
+    old_cfg = tiny(norm="rmsnorm")
+    old = Transformer(old_cfg)
+    opt = MuonWithAdamW(param_groups(old, decay_norms=True, split_hidden=True), lr=0.02, adamw_lr=1e-3)
+    for p in old.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state, names = opt.state_dict(), {id(p): n for n, p in old.named_parameters()}
+    by_name = {names[id(p)]: state["state"][i] for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    module = LitLM(dataclasses.replace(old_cfg, norm="layernorm"), decay_norms=True,
+                   optimizer=functools.partial(MuonWithAdamW, lr=0.02, adamw_lr=1e-3))
+    remapped = _remap_optimizer(state, {"decay_norms": True, "decay_embeddings": False},
+                                dataclasses.asdict(old_cfg), module)
+    new_names = {id(p): n for n, p in module.model.named_parameters()}
+    new_order = [new_names[id(p)] for g in module.param_groups() for p in g["params"]]
+    for i, name in enumerate(new_order):
+        if name in by_name:
+            assert i in remapped["state"], name
+            for key, value in by_name[name].items():
+                assert torch.equal(remapped["state"][i][key], value), (name, key)
+        else:
+            assert i not in remapped["state"] and name.endswith(".bias"), name
+
+
+def test_the_lead_lag_reads_the_first_spike_among_the_replayed_steps():
+    """A spike in the steps that only lead up to A is not the replay's spike; one at A is."""
+    from omegaconf import OmegaConf
+
+    from minillm.replay import _first_spike
+
+    cfg = OmegaConf.create({"callbacks": {"stability": {"spike_k": 4.0}}})
+    curves = {"stab/loss_spike_score": [(17, 9.0), (20, 1.0), (25, 9.0), (41, 9.0)]}
+    assert _first_spike(curves, cfg, (20, 40)) == 25
+    assert _first_spike({"stab/loss_spike_score": [(20, 9.0)]}, cfg, (20, 40)) == 20
+    assert _first_spike(curves, cfg, (26, 40)) is None
+
+
+@pytest.mark.parametrize("override", ["++optimizer.lr=1e-3", "+optimizer.lr=1e-3", "~optimizer.lr"])
+def test_an_override_that_adds_or_deletes_is_refused(override):
+    from minillm.replay import ReplayError, parse_overrides
+
+    with pytest.raises(ReplayError, match="cannot be replayed"):
+        parse_overrides([override])

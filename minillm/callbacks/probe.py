@@ -26,7 +26,8 @@ def attention_scores(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> It
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
     for b in range(q.shape[0]):
-        scores = q[b].float() @ k[b].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (H, T, T)
+        with torch.autocast(q.device.type, enabled=False):  # fp32 even under autocast
+            scores = q[b].float() @ k[b].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (H, T, T)
         yield scores.masked_fill(~causal, float("-inf"))
 
 

@@ -108,13 +108,15 @@ def _remap_optimizer(state: dict, hparams: dict, saved_model: dict, module: torc
     with torch.device("meta"):  # the checkpoint's model, without memory: only its parameter names and shapes
         old = Transformer(ModelConfig(**saved_model))
     names = {id(p): n for n, p in old.named_parameters()}
-    old_groups = param_groups(old, hparams.get("decay_norms", False), hparams.get("decay_embeddings", False))
+    saved_groups = state["param_groups"]
+    split = any(g.get("use_muon") for g in saved_groups)  # Muon's hidden matrices came first, in a group of their own
+    old_groups = param_groups(old, hparams.get("decay_norms", False), hparams.get("decay_embeddings", False),
+                              split_hidden=split)
     old_order = [(names[id(p)], tuple(p.shape)) for g in old_groups for p in g["params"]]
     old_index = {name: (i, shape) for i, (name, shape) in enumerate(old_order)}
     model = module.model
     new_names = {id(p): n for n, p in model.named_parameters()}
     groups, out_state, index = [], {}, 0
-    saved_groups = state["param_groups"]
     if len(saved_groups) != len(module.param_groups()):
         raise CheckpointError("the checkpoint's optimizer has another number of parameter groups; a replay that "
                               "changes the model needs the optimizer=adamw kind of groups (decay, no decay)")
