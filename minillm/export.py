@@ -46,10 +46,11 @@ def llama_incompatibilities(model: dict) -> list[str]:
     out = []
     if canonical_norm(cfg["norm"]) != "rmsnorm":
         out.append(f"norm={cfg['norm']} (Llama uses RMSNorm)")
-    options = cfg["norm_options"] or {}
-    for key, want in LLAMA_NORM_OPTIONS.items():
-        if options.get(key, want) != want:
-            out.append(f"norm_options.{key}={options[key]} ({WHY[key]})")
+    for field in ("norm_options", "attn_norm_options"):
+        options = cfg[field] or {}
+        for key, want in LLAMA_NORM_OPTIONS.items():
+            if options.get(key, want) != want:
+                out.append(f"{field}.{key}={options[key]} ({WHY[key]})")
     if cfg["placement"] != "pre":
         out.append(f"placement={cfg['placement']} (Llama is Pre-LN)")
     odd = [i for i, s in enumerate(cfg["layers"] or [])

@@ -8,6 +8,7 @@ Plain PyTorch: ``Transformer(ModelConfig(vocab_size=65))`` works in a notebook.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -35,6 +36,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     norm_options: dict = field(default_factory=dict)  # passed to build_norm, e.g. {"eps_mode": "outside"}
+    attn_norm_options: dict = field(default_factory=dict)  # the attention sublayer's norm: these over norm_options
     norm_impl: str = "auto"  # how the norms are computed: auto | reference | torch | compiled | triton (norms/impl.py)
     placement: str = "pre"
     mix_fraction: float = 0.25  # placement="mix": Post-LN in the first floor(fraction * n_layers) layers
@@ -69,6 +71,9 @@ class ModelConfig:
         check_number("model.mix_fraction", self.mix_fraction, low=0.0, high=1.0)
         for name in ("tie_embeddings", "depth_scaled_init", "layernorm_scaling", "qkv_bias"):
             check_bool(f"model.{name}", getattr(self, name))
+        for name in ("norm_options", "attn_norm_options", "qk_norm_options"):
+            if not isinstance(getattr(self, name), Mapping):
+                fail(name, getattr(self, name), "a mapping of a norm's options, e.g. {eps_mode: outside}")
         check_choice("model.norm", self.norm, sorted(NORMS))
         check_choice("model.norm_impl", self.norm_impl, IMPLS)
         check_choice("model.placement", self.placement, PLACEMENTS)
@@ -119,18 +124,22 @@ class ModelConfig:
         return asdict(self)
 
 
-def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict | None = None) -> nn.Module:
+def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict | None = None,
+              attn: bool = False) -> nn.Module:
     """The one place the model builds a norm (batch-statistics norms get max_seq_len).
 
-    ``options`` when given (the QK-norm's ``qk_norm_options``); else ``norm_options``, which are for
-    ``cfg.norm``: a per-layer override with another norm gets only the options it also takes (e.g.
-    zero_centered, eps_mode). An option a norm does not take is an error naming the field.
+    ``options`` when given (the QK-norm's ``qk_norm_options``); else ``norm_options``, with
+    ``attn_norm_options`` over them for the attention sublayer's norm (``attn``). Both are for ``cfg.norm``:
+    a per-layer override with another norm gets only the options it also takes (e.g. zero_centered,
+    eps_mode). An option a norm does not take is an error naming the field.
     """
     field_name = "model.qk_norm_options" if options is not None else "model.norm_options"
     if options is None:
-        options = dict(cfg.norm_options)
+        site = dict(cfg.attn_norm_options) if attn else {}
+        options = {**cfg.norm_options, **site}
         if name != cfg.norm:
             options = {k: v for k, v in options.items() if k in norm_options(name)}
+        field_name = "model.attn_norm_options" if site else field_name
     options = dict(options)
     if getattr(NORMS[name], "uses_positions", False):
         options.setdefault("max_seq_len", cfg.max_seq_len)
@@ -267,7 +276,8 @@ class Block(nn.Module):
         self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
         self.attn = Attention(cfg)
         self.ffn = FeedForward(cfg.dim, cfg.ffn_hidden)
-        self.attn_norm, self.ffn_norm = make_norm(cfg, norm), make_norm(cfg, norm)
+        ffn_norm = make_norm(cfg, norm)  # first: an error in norm_options names that field, not attn_norm_options
+        self.attn_norm, self.ffn_norm = make_norm(cfg, norm, attn=True), ffn_norm  # registered in this order
         peri = placement == "peri"
         self.attn_out_norm = make_norm(cfg, norm) if peri else None
         self.ffn_out_norm = make_norm(cfg, norm) if peri else None

@@ -36,7 +36,7 @@ GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)
 EXTRA_KEYS = ("optimizer", "adamw_lr", "warmup_steps", "precision", "n_layers", "dim", "n_heads", "n_kv_heads",
               "qk_norm", "batch_size", "seq_len", "max_steps", "grad_clip", "weight_decay", "z_loss", "norm_options",
-              "name")
+              "attn_norm_options", "name")
 PLOTS = ("loss_by_norm.png", "loss_by_placement.png", "grad_norm.png", "residual_growth.png",
          "lr_sensitivity.png")
 

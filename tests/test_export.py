@@ -206,6 +206,7 @@ def test_a_model_llama_cannot_express_is_refused_with_every_reason(ckpts, tmp_pa
     (dict(norm="dyt", qk_norm="layernorm"), ["norm=dyt", "qk_norm=layernorm"]),
     (dict(layernorm_scaling=True), ["layernorm_scaling=True"]),
     (dict(qkv_bias=True), ["qkv_bias=True"]),
+    (dict(attn_norm_options={"eps_mode": "outside"}), ["attn_norm_options.eps_mode=outside"]),
 ])
 def test_llama_incompatibilities_name_each_field(model, reasons):
     found = llama_incompatibilities(model)

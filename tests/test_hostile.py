@@ -59,6 +59,12 @@ BAD_INPUT = [
     (["train=false"], "config error: train=false evaluates a checkpoint: give ckpt_path="),
     (["ckpt_path=auto"], "config error: ckpt_path=auto needs the run to resume: add run_id=<id>"),
     (["norm=batchnorm", "data.batch_size=1"], "config error: data.batch_size=1 is invalid for norm=batchnorm"),
+    (["norm=batchnorm", "data.batch_size=1", "model.norm_options.stats=pooled",
+      "+model.attn_norm_options.stats=position"], "config error: data.batch_size=1 is invalid for norm=batchnorm"),
+    (["model.attn_norm_options=5"], "config error: model.attn_norm_options=5 is invalid; allowed: a mapping of a "
+                                    "norm's options"),
+    (["+model.attn_norm_options.alpha0=2.0"], "config error: model.attn_norm_options (rmsnorm): norm 'rmsnorm' does "
+                                              "not take option(s) ['alpha0']"),
     (["ckpt_path={tmp}"], "config error: ckpt_path='{tmp}' is a folder, not a checkpoint"),
     (["ckpt_path={tmp}/none.ckpt"], "config error: ckpt_path='{tmp}/none.ckpt' does not exist"),
     (["data.cache_dir={tmp}/corpus.txt"], "data error: data.cache_dir='{tmp}/corpus.txt' cannot hold token "

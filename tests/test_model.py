@@ -450,6 +450,33 @@ def test_qk_norm_and_per_layer_norms_work_with_a_batch_statistics_main_norm():
 
 
 
+def test_attn_norm_options_set_the_attention_sublayers_norm_only():
+    """DyT's per-site alpha0: attn_norm_options over norm_options in each block's attn_norm; the FFN norms, Peri's
+    output norms and the final norm keep norm_options; the same parameters in the same order."""
+    for placement in ("pre", "peri", "post"):
+        m = Transformer(tiny(norm="dyt", placement=placement, norm_options={"alpha0": 0.25},
+                             attn_norm_options={"alpha0": 2.0}))
+        alphas = {n: float(p.detach().flatten()[0]) for n, p in m.named_parameters() if n.endswith("alpha")}
+        assert alphas and all(v == (2.0 if ".attn_norm." in n else 0.25) for n, v in alphas.items()), alphas
+        assert list(m.state_dict()) == list(Transformer(tiny(norm="dyt", placement=placement)).state_dict())
+    # a layer with another norm gets only the options it takes (as with norm_options)
+    m = Transformer(tiny(norm="dyt", layers=[{"norm": "rmsnorm"}, {}], attn_norm_options={"alpha0": 2.0}))
+    assert type(m.layers[0].attn_norm) is RMSNorm and float(m.layers[1].attn_norm.alpha.flatten()[0]) == 2.0
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(attn_norm_options={"alpha0": 2.0}), r"model.attn_norm_options \(rmsnorm\): .*does not take option"),
+    (dict(norm="dyt", attn_norm_options={"alpha0": -1.0}), r"model.attn_norm_options \(dyt\): alpha0=-1.0 is invalid"),
+    (dict(norm="dyt", norm_options={"alpha0": -1.0}, attn_norm_options={"alpha0": 1.0}),
+     r"model.norm_options \(dyt\): alpha0=-1.0 is invalid"),
+    (dict(attn_norm_options=5), r"model.attn_norm_options=5 is invalid; allowed: a mapping"),
+    (dict(norm_options=[1]), r"model.norm_options=\[1\] is invalid; allowed: a mapping"),
+])
+def test_norm_option_errors_name_the_field_at_fault(kw, message):
+    with pytest.raises(ValueError, match=message):
+        Transformer(tiny(**kw))
+
+
 def test_qk_norm_takes_its_own_options_not_the_main_norms():
     """norm_options are the main norm's: norm_options.bias=false must not strip the QK LayerNorm's bias."""
     m = Transformer(tiny(norm="layernorm", norm_options={"bias": False}, qk_norm="layernorm"))

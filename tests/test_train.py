@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 import minillm.train as train_script
 from minillm.errors import ConfigError, DataError
+from minillm.hub import load_checkpoint
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
@@ -367,6 +368,24 @@ def test_norm_placement_and_loss_options_reach_the_model_through_hydra(tmp_path,
     q = m.layers[0].attn.q_norm  # the QK-norm has its own options (model.qk_norm_options), defaults here
     assert type(q) is LayerNorm and not q.zero_centered and q.weight.shape == (16,)
     assert module.hparams.z_loss == 1e-4
+
+
+def test_attn_norm_options_as_a_sweep_spells_them_reach_the_model_summary_and_checkpoint(tmp_path, corpus):
+    """+model.attn_norm_options.alpha0=1.0 (DyT's per-site alpha0): the attention norms start at 1.0, the others
+    at norm_options' 0.5; summary.json records the options (the arm of a comparison); the checkpoint rebuilds it."""
+    cfg = compose_cfg(tmp_path, corpus, "norm=dyt", "model.norm_options.alpha0=0.5",
+                      "+model.attn_norm_options.alpha0=1.0", "trainer.max_steps=2",
+                      "++trainer.enable_checkpointing=true")
+    train_script.train(cfg)
+    run = Path(cfg.paths.output_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["norm_options"]["alpha0"], summary["attn_norm_options"]) == (0.5, {"alpha0": 1.0})
+    model, _, _ = load_checkpoint(next(run.glob("checkpoints/*.ckpt")))
+    alphas = {n: float(p.detach().flatten()[0]) for n, p in model.named_parameters() if n.endswith("alpha")}
+    assert alphas and all(abs(v - (1.0 if ".attn_norm." in n else 0.5)) < 0.05 for n, v in alphas.items())  # 2 steps
+    baseline = compose_cfg(tmp_path / "b", corpus, "norm=dyt", "trainer.max_steps=2")
+    train_script.train(baseline)
+    assert "attn_norm_options" not in json.loads((Path(baseline.paths.output_dir) / "summary.json").read_text())
 
 
 def test_per_layer_override_through_hydra(tmp_path, corpus):

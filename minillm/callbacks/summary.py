@@ -31,10 +31,10 @@ class RunSummary(L.Callback):
     One flat JSON object (non-finite numbers written as null):
       config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
-               weight_decay, z_loss, optimizer (its class), adamw_lr (optimizer=muon: AdamW's lr; lr is Muon's),
-               grad_clip, max_steps, batch_size, seq_len, n_params, norm_impl (each norm's implementation as it
-               ran: {norm: reference | torch | compiled | triton}), loss_init = ln V, parent (a decay branch: the
-               run folder, checkpoint and step it branched from),
+               attn_norm_options (only when set), weight_decay, z_loss, optimizer (its class), adamw_lr
+               (optimizer=muon: AdamW's lr; lr is Muon's), grad_clip, max_steps, batch_size, seq_len, n_params,
+               norm_impl (each norm's implementation as it ran: {norm: reference | torch | compiled | triton}),
+               loss_init = ln V, parent (a decay branch: the run folder, checkpoint and step it branched from),
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
                from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
       results  status (completed | diverged | not_trained | failed | preempted: stopped by a signal, to be
@@ -189,6 +189,7 @@ class RunSummary(L.Callback):
             s[key] = getattr(cfg, key, None)
         s.update({
             "norm_options": dict(getattr(cfg, "norm_options", None) or {}),
+            **({"attn_norm_options": dict(attn)} if (attn := getattr(cfg, "attn_norm_options", None)) else {}),
             "weight_decay": opt_kw.get("weight_decay"), "z_loss": hp.get("z_loss"),
             "optimizer": type(optimizer).__name__ if optimizer is not None else None, "adamw_lr": lrs.get("adamw"),
             "grad_clip": trainer.gradient_clip_val, "max_steps": trainer.max_steps,

@@ -8,6 +8,8 @@ the data is tokenized.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -107,7 +109,13 @@ def check_across(c: dict) -> None:
                           "(without it the weights would be random)")
     batch = data.get("batch_size")
     names = {model.get("norm"), *((s or {}).get("norm") for s in model.get("layers") or [])}
-    options = model.get("norm_options") or {}
+    base, attn = (o if isinstance(o := model.get(k), Mapping) else {} for k in ("norm_options", "attn_norm_options"))
+    for options in (base, {**base, **attn}):  # the norms, then the attention sublayer's
+        check_batch_of_one(names, options, batch, trainer)
+
+
+def check_batch_of_one(names: set, options: Mapping, batch: Any, trainer: Mapping) -> None:
+    """data.batch_size=1 with a norm that takes per-position statistics over the batch: one clear line."""
     for name in sorted(n for n in names if isinstance(n, str) and batch_statistics(n, options)):
         if batch == 1 and not (options.get("sync") and trainer.get("devices") not in (1, None)):
             raise ConfigError(f"data.batch_size=1 is invalid for norm={name} with per-position batch statistics: "

@@ -20,7 +20,7 @@ from minillm.optim import param_groups, schedule_settings
 from minillm.run.resume import Resume
 
 # the replay overrides: what each may change in the model config, and in the run settings (checkpointed)
-MODEL_OVERRIDES = {"norm": ("norm", "norm_eps", "norm_options"), "placement": ("placement",),
+MODEL_OVERRIDES = {"norm": ("norm", "norm_eps", "norm_options", "attn_norm_options"), "placement": ("placement",),
                    "model.qk_norm": ("qk_norm",), "model.attn_logit_softcap": ("attn_logit_softcap",),
                    "model.final_logit_softcap": ("final_logit_softcap",)}
 SETTING_OVERRIDES = {"trainer.precision": "trainer.precision", "optimizer.lr": "optimizer.lr",
