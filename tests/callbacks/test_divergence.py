@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,11 +17,8 @@ import torch
 from helpers import ROOT, compose_cfg, logged, read_rows
 
 import minillm.train as train_script
-from minillm.callbacks import (
-    Checkpoint,
-    DivergenceGuard,
-    RunTotals,
-)
+from minillm.callbacks import Checkpoint, DivergenceGuard, RunTotals, params_finite
+from minillm.callbacks.divergence import weights_norm
 from minillm.report import write_report
 
 
@@ -88,3 +86,31 @@ def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_pat
     report = write_report(sweep).read_text()
     assert "| rmsnorm | pre | 1e+03 |" in report and "| 1.00 |" in report and "| 0.00 |" in report
     assert all((sweep / "report" / p).stat().st_size > 0 for p in ("loss_by_norm.png", "lr_sensitivity.png"))
+
+
+def test_weight_check_is_exact_and_reads_the_device_once_a_step_with_the_loss(monkeypatch):
+    """Non-finite weights are found at the step they appear (a NaN, an inf), a huge but finite weight whose square
+    overflows the fused norm is not a divergence, and a step's loss and weight check cost one host read."""
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    assert params_finite(module)
+    reads = []
+    for name in ("tolist", "item", "__float__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: (reads.append(_n),
+                                                                                                _o(self, *a, **k))[1])
+    totals = RunTotals()
+    trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, callbacks=[totals], loggers=[])
+    guard = DivergenceGuard()
+    for step, (where, value) in enumerate([(None, None), (module[1].weight, 1e30), (module[0].bias, float("nan"))]):
+        trainer.global_step = step
+        if where is not None:
+            with torch.no_grad():
+                where.view(-1)[0] = value
+        guard.on_train_batch_start(trainer, module, None, step)
+        reads.clear()
+        guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)
+        if step == 0:
+            assert reads == ["tolist"]  # the loss and the weights' norm together
+        if step == 1:  # finite, though its square overflows the fused norm: confirmed element-wise, not diverged
+            assert not math.isfinite(float(weights_norm(module))) and not guard.diverged
+    assert (guard.step, guard.reason) == (2, "non-finite weights after the optimizer step")
