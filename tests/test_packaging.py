@@ -152,3 +152,43 @@ def test_every_import_of_minillm_and_experiments_is_a_declared_dependency():
         if not dists & declared:
             missing.append(f"{module} ({where})")
     assert not missing, missing
+
+
+def fake_wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
+    """A wheel holding only its METADATA (what scripts/wheel_check.py reads)."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
+                   f"Version: {version}\n{meta}")
+    return path
+
+
+def test_wheel_check_reads_versions_not_names(tmp_path):
+    """The wheelhouse check (before leaving) and the offline install's check (on the node): a requirement is met by
+    a wheel or an image package at a version its specifier allows; an image package of unknown version is
+    reported as unchecked, never as met; markers for other Pythons and --no-deps wheels are skipped."""
+    fake_wheel(tmp_path, "datasets", "5.2.0", "pyarrow>=24", "fsspec[http]<=2026.9.0,>=2023.1.0", "dill",
+               "multiprocess>=0.70; python_version < '3.8'", "xxhash>=3", "tqdm>=4.66")
+    fake_wheel(tmp_path, "xxhash", "3.5.0")
+    fake_wheel(tmp_path, "liger_kernel", "0.8.5", "torch>=99")  # installed with --no-deps
+    script = [sys.executable, str(ROOT / "scripts" / "wheel_check.py"), str(tmp_path), "--python-version", "3.12",
+              "--no-deps", "liger-kernel"]
+    out = subprocess.run([*script, "--image", "pyarrow==19.0.1 fsspec==2026.10.0 dill tqdm"], capture_output=True,
+                         text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        "  unchecked: datasets 5.2.0 needs tqdm>=4.66: the image has tqdm, version unknown",
+        "  UNMET: datasets 5.2.0 needs pyarrow>=24, the image has pyarrow 19.0.1",
+        "  UNMET: datasets 5.2.0 needs fsspec[http]<=2026.9.0,>=2023.1.0, the image has fsspec 2026.10.0",
+        "3 wheels: 2 unmet, 1 unchecked requirements"]
+    ok = subprocess.run([*script, "--image", "pyarrow==24.0.0 fsspec==2026.9.0 dill tqdm==4.67.1"],
+                        capture_output=True, text=True)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "3 wheels: 0 unmet, 0 unchecked requirements")
+    (tmp_path / "datasets-5.2.0-py3-none-any.whl").unlink()  # its requirements: whatever this venv holds
+    fake_wheel(tmp_path, "needs_pytest", "1.0", "pytest>=999", "pluggy>=0.1")  # what this Python has
+    installed = subprocess.run([*script, "--installed"], capture_output=True, text=True)
+    lines = installed.stdout.splitlines()
+    assert installed.returncode == 1 and len(lines) == 2, installed.stdout
+    assert lines[0].startswith("  UNMET: needs-pytest 1.0 needs pytest>=999, this Python has pytest ")
+    assert lines[1] == "3 wheels: 1 unmet, 0 unchecked requirements"  # pluggy>=0.1 met by the installed one
