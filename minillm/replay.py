@@ -64,8 +64,8 @@ def parse_steps(text: str) -> tuple[int, int]:
 def find_checkpoint(path: Path, start: int) -> tuple[Path, dict]:
     """CKPT as given (a file, a spike file, a folder) -> the checkpoint file and its header."""
     if path.suffix == ".json" and path.is_file():
-        try:
-            path = Path(json.loads(path.read_text())["checkpoint"]["path"])
+        try:  # the checkpoint's path is relative to the spike file's folder (absolute in older spike files)
+            path = path.parent / json.loads(path.read_text())["checkpoint"]["path"]
         except (ValueError, KeyError, TypeError):
             raise ReplayError(f"CKPT {str(path)!r} is not a spike file (no checkpoint in it); allowed: a checkpoint, "
                               "a spikes/step_<N>.json, or a folder of checkpoints") from None

@@ -108,7 +108,8 @@ def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_plan
     assert "layer/1/update_ratio" in (spikes / "step_41.md").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["spike_count"] >= 1 and summary["spike_files"] == [str(spikes / "step_41.json")]
-    out = replay(tmp_path, shared_cache, str(spikes / "step_41.json"), "--steps", f"{start}:42")
+    run = run.rename(run.with_name("moved"))  # a run folder moved (or copied elsewhere) still replays
+    out = replay(tmp_path, shared_cache, str(run / "spikes" / "step_41.json"), "--steps", f"{start}:42")
     assert "bit-identical" in out, out[-2000:]
     (folder,) = (run / "replays").iterdir()
     replayed = losses(folder)

@@ -200,7 +200,7 @@ class SpikeCapture(Observer):
         return _json_safe({
             "kind": kind, "step": step, "reason": reason,
             "loss": metrics.get(TRAIN_LOSS), "loss_z": metrics.get(LOSS_SPIKE_SCORE),
-            "checkpoint": {"path": str(ckpt_path), "step": start},
+            "checkpoint": {"path": ckpt_path.name, "step": start},  # beside this file: the run folder can move
             "replay": f"minillm-replay {ckpt_path} --steps {start}:{step + 1}",
             "batch": self._batch(trainer, step, per_step),
             "steps": [s for s, _ in rows],

@@ -47,17 +47,20 @@ from minillm.metrics import (
 
 
 class LossSpikeDetector:
-    """Score each loss against the previous ``window`` finite losses: (loss - mean) / max(std, min_std).
+    """Score each loss against the previous ``window`` finite losses: (loss - mean) / max(std, floor), the floor
+    ``min_std`` (in the value's units: nats for a loss) or, with ``relative``, ``min_std * |mean|`` (for a
+    series of any scale, such as the gradient norm), so a flat history does not make every wiggle a spike.
 
     A loss is a spike when its score exceeds k; scores need ``min_history`` losses first (NaN before).
     Non-finite losses are not scored (they are divergence, DivergenceGuard's business).
     """
 
-    def __init__(self, window: int = 50, k: float = 4.0, min_history: int = 10, min_std: float = 1e-3):
+    def __init__(self, window: int = 50, k: float = 4.0, min_history: int = 10, min_std: float = 1e-3,
+                 relative: bool = False):
         check_int("callbacks.stability.spike_window", window, low=2)
         check_int("callbacks.stability.spike_min_history", min_history, low=2, high=window)
         check_number("callbacks.stability.spike_k", k, low=0.0, low_open=True)
-        self.k, self.min_history, self.min_std = k, min_history, min_std
+        self.k, self.min_history, self.min_std, self.relative = k, min_history, min_std, relative
         self.history: deque[float] = deque(maxlen=window)
         self.count = 0
 
@@ -70,7 +73,8 @@ class LossSpikeDetector:
             n = len(self.history)
             mean = math.fsum(self.history) / n
             std = math.sqrt(math.fsum((v - mean) ** 2 for v in self.history) / n)
-            score = (loss - mean) / max(std, self.min_std)
+            floor = self.min_std * abs(mean) if self.relative else self.min_std
+            score = (loss - mean) / max(std, floor, 1e-30)
         self.history.append(loss)
         spike = score > self.k
         self.count += spike
@@ -122,7 +126,8 @@ class StabilityMonitor(Observer):
         self.every_n_steps, self.probe_every_n_steps = every_n_steps, probe_every_n_steps
         self.probe_batch_size, self.update_ratio, self.output_change = probe_batch_size, update_ratio, output_change
         self.spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)
-        self.grad_spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history)  # the same rule, on the norm
+        # the same rule on the gradient norm, its floor relative to the norm's own scale
+        self.grad_spikes = LossSpikeDetector(spike_window, spike_k, spike_min_history, relative=True)
         self.history: SpikeCapture | None = None  # the spike capture this callback feeds, if on (on_fit_start)
         self.probe: ActivationProbe | None = None
         self.scaler = None

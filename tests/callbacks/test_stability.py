@@ -55,6 +55,17 @@ def test_loss_spike_detection_on_a_synthetic_series():
     assert det.count == 1
 
 
+def test_gradient_norm_spikes_are_scored_on_the_norms_own_scale():
+    """The loss's floor is 0.001 nats; a gradient norm has no fixed scale, so its floor is 0.001 x its mean: a
+    tripled norm of 1e-5 is a spike (an absolute 0.001 floor scored it 0.02), and at 1e4 a 0.01 wiggle is not."""
+    for scale, jump, spike in ((1e-5, 3.0, True), (1e4, 1 + 1e-6, False)):
+        det = StabilityMonitor().grad_spikes
+        for _ in range(20):
+            det.update(scale)
+        score, is_spike = det.update(scale * jump)
+        assert is_spike == spike, (scale, score)
+
+
 def test_grad_scaler_scale_and_skipped_steps_under_16_mixed(tmp_path, corpus):
     """A real fp16 GradScaler on the CPU (Lightning's MixedPrecision plugin): an inf gradient at step 1 is
     skipped by the scaler (scale halves), counted, and is not a divergence."""
