@@ -4,7 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import compose_cfg
 
+import minillm.train as train_script
 from experiments.benchmarks.gpu import merge, preset
 from experiments.common.failure import TRACEBACK_LINES, failure
 from minillm.metrics import MFU, TOKENS_PER_S
@@ -53,6 +55,18 @@ def test_a_failed_row_keeps_the_root_cause_and_the_traceback():
         row = failure(e)
     assert row["error"] == "RuntimeError: backend='inductor' raised: <- KeyError: 'triton'"
     assert "compile_step" in row["traceback"] and len(row["traceback"].splitlines()) <= TRACEBACK_LINES
+
+
+@pytest.mark.parametrize("stability", [True, False])
+def test_the_presets_overrides_train_with_the_default_callbacks(tmp_path, corpus, stability):
+    """The preset step's config (its overrides over the default callbacks, the dry run's model) trains and logs
+    tokens/s: a callback added to the defaults later (e.g. a second checkpoint callback, which Lightning refuses
+    with enable_checkpointing=false) must not break the one GPU run."""
+    cfg = compose_cfg(tmp_path, corpus, *preset.DRY, *preset.COMMON, "trainer.max_steps=4",
+                      "trainer.log_every_n_steps=2", *([] if stability else preset.NO_STABILITY))
+    train_script.train(cfg)
+    metrics = preset.read_metrics(Path(cfg.paths.output_dir) / "csv" / "metrics.csv")
+    assert metrics[TOKENS_PER_S] > 0
 
 
 def test_a_failed_preset_run_keeps_the_end_of_both_streams(tmp_path, monkeypatch):

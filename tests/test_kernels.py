@@ -455,6 +455,18 @@ def test_kernels_compile_for_sm90():
 
 
 @kernel
+def test_custom_ops_launch_through_wrap_triton_where_this_torch_allows():
+    """On a GPU the custom ops are triton_ops whose kernels launch through wrap_triton; under the interpreter that
+    launch is rehearsed where this torch wraps interpreted kernels (2.13 does, 2.11 does not: there the opaque
+    custom ops call the kernels directly, and the skip says so)."""
+    if K._interpreting() and not K._wraps_interpreted_kernels():
+        assert K._op_launch is K._direct
+        pytest.skip(f"torch {torch.__version__} cannot wrap interpreted kernels: the custom ops call them directly; "
+                    "the wrap_triton launch runs only on a GPU")
+    assert K._op_launch is K._traced and K._OP_LAUNCH_TRACED
+
+
+@kernel
 @pytest.mark.parametrize("cast", K.CASTS)
 def test_opcheck(cast):
     torch.manual_seed(13)

@@ -134,6 +134,22 @@ def _traced(kernel):
     return wrap_triton(kernel)
 
 
+def _wraps_interpreted_kernels() -> bool:
+    """Whether this torch's wrap_triton takes a kernel built for the interpreter (torch 2.11 refuses one:
+    "wrap_triton only works on functions annotated with triton.jit or triton.autotune")."""
+    try:
+        _traced(_fwd_kernel)
+        return True
+    except RuntimeError:
+        return False
+
+
+# the launch inside the custom ops: wrap_triton (what a triton_op needs on the GPU, rehearsed under the interpreter
+# where this torch allows it), else a direct call, which the opaque custom_op of the interpreter allows
+_OP_LAUNCH_TRACED = HAS_TRITON and (not _INTERPRETED or _wraps_interpreted_kernels())
+_op_launch = _traced if _OP_LAUNCH_TRACED else _direct
+
+
 def _on_device_of(t: Tensor):
     """Triton launches on the current CUDA device: make it t's for the launch when it is not."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():
@@ -258,12 +274,12 @@ def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cas
 
 
 def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> tuple[Tensor, Tensor]:
-    return _fwd(x, weight, eps, offset, cast, _traced)
+    return _fwd(x, weight, eps, offset, cast, _op_launch)
 
 
 def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
                   cast: str) -> tuple[Tensor, Tensor]:
-    return _bwd(dy, x, weight, rstd, offset, cast, _traced)
+    return _bwd(dy, x, weight, rstd, offset, cast, _op_launch)
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -32,7 +32,8 @@ from experiments.common.layout import ROOT
 from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
 
 COMMON = ["logger=csv", "+trainer.limit_val_batches=0", "test=false", "+trainer.enable_checkpointing=false",
-          "~callbacks.model_checkpoint", "~callbacks.progress_bar", "callbacks.text_sample.max_new_tokens=0"]
+          "~callbacks.model_checkpoint", "~callbacks.step_checkpoints", "~callbacks.progress_bar",
+          "callbacks.text_sample.max_new_tokens=0"]
 GPU = ["trainer=gpu", "model=gpt125m"]
 DRY = ["trainer=cpu", "model=tiny", "data.batch_size=8"]
 NO_STABILITY = ["~callbacks.stability", "~callbacks.divergence"]

@@ -157,9 +157,27 @@ def make_providers(use_compile: bool, only=None) -> dict:
             return mod
 
         providers["liger"] = liger
+        if os.environ.get("TRITON_INTERPRET") == "1" and (why := interpreter_refuses(liger)):
+            import triton
+
+            print(f"liger-kernel does not run under Triton {triton.__version__}'s interpreter ({why}); skipping that "
+                  "baseline in this dry run (on a GPU it runs compiled)")
+            del providers["liger"]
     except Exception as e:  # not installed, or broken on this machine
         print(f"liger-kernel not importable ({_error(e)}); skipping that baseline")
     return {k: v for k, v in providers.items() if not only or k in only}
+
+
+def interpreter_refuses(make) -> str | None:
+    """The error of a provider's forward and backward on a tiny CPU input, or None when it runs."""
+    import torch
+
+    w = torch.nn.Parameter(torch.ones(8))
+    try:
+        make(w, 1e-6)(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    except Exception as e:
+        return _error(e)
+    return None
 
 
 def liger_status() -> str:
