@@ -1,6 +1,6 @@
-"""The rounds pre-registered and not yet run, on made-up runs: each analysis gives the words its rules say for runs
-made to confirm a claim, to contradict it and to lack its premise, and stops when a run lacks what the rules read
-(tests/test_study_rules.py does the same for the rounds that ran)."""
+"""The rounds pre-registered with a precondition gate, on made-up runs (PREREGISTERED: those not yet run): each
+analysis gives the words its rules say for runs made to confirm a claim, to contradict it and to lack its premise,
+and stops when a run lacks what the rules read (tests/test_study_rules.py does the same for the earlier rounds)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED = ("s10_mixln/r4_lns_budget", "s8_dyt/r3_budget_per_site", "s3_lr_sensitivity/r4_width_transfer")
+PREREGISTERED = ("s10_mixln/r4_lns_budget", "s8_dyt/r3_budget_per_site")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
@@ -180,9 +180,10 @@ def test_s3_r3_attn_entropy_rules():
         r3.analyze(_entropy_runs(0.1, 1.5, with_metric=False))
 
 
-def _width_runs(slope_ln: float, slope_rms: float, edge: bool = False) -> Runs:
+def _width_runs(slope_ln: float, slope_rms: float, edge: bool = False, lrs: tuple | None = None) -> Runs:
     """S3 r4 runs: loss = 2 + (log10 lr - c)^2 with the best log10 lr c = -2 + slope x log2(width / 32) (+ a seed
-    jitter), so the transfer slope is the one given; ``edge``: every best lr beyond the grid."""
+    jitter), so the transfer slope is the one given; ``edge``: every best lr beyond the grid; ``lrs``: the grid
+    (round 4's by default)."""
     from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r4
 
     out = []
@@ -190,7 +191,7 @@ def _width_runs(slope_ln: float, slope_rms: float, edge: bool = False) -> Runs:
         for w in r4.WIDTHS:
             for s in r4.SEEDS:
                 c = (0.5 if edge else -2.0) + k * math.log2(w / 32) + 0.01 * s
-                for lr in r4.LRS:
+                for lr in lrs or r4.LRS:
                     out.append({"norm": norm, "dim": w, "lr": lr, "seed": s, "qk_norm": "none", "z_loss": 0.0,
                                 "final_val_loss": 2.0 + (math.log10(lr) - c) ** 2, "diverged": False,
                                 "status": "completed", "unigram_loss": 9.0, "loss_init": 9.5})
