@@ -13,7 +13,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED = ("s10_mixln/r4_lns_budget", "s8_dyt/r3_budget_per_site")
+PREREGISTERED = ("s10_mixln/r4_lns_budget", "s8_dyt/r3_budget_per_site", "s3_lr_sensitivity/r5_width_low_lr")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
@@ -212,6 +212,22 @@ def test_s3_r4_width_transfer_rules():
     assert words["T1 layernorm"] == "not at this scale" and words["T2"] == "not at this scale", md
     res, md = r4.analyze(_width_runs(-0.25, -0.25, edge=True))
     assert {w for w, _ in res["verdicts"].values()} == {"premise absent at this scale"}, md
+
+
+def test_s3_r5_is_round_4s_analysis_on_the_six_point_grid():
+    """A best lr of 10^-3.2 at width 256 (slope -0.4) is a grid edge for round 4 (precondition mixed) and inside
+    round 5's grid (present), with round 4's words; round 4's own grid is left as it was."""
+    from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r4
+    from experiments.studies.s3_lr_sensitivity.r5_width_low_lr import analyze as r5
+
+    runs = _width_runs(-0.4, -0.4, lrs=r5.LRS)
+    r4_res, _ = r4.analyze(Runs(r for r in runs if r["lr"] in r4.LRS))
+    res, md = r5.analyze(runs)
+    assert r4_res["precondition"][0]["status"] == "mixed" and res["precondition"][0]["status"] == "present", md
+    assert {k: w for k, (w, _) in res["verdicts"].items()} == {
+        "T1 layernorm": "confirmed", "T1 rmsnorm": "confirmed", "T2": "confirmed"}, md
+    assert res["slopes"]["rmsnorm"][0] == pytest.approx(-0.4, abs=1e-6) and res["lrs"][0] == 3e-4
+    assert r4.LRS == (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
 def _gain_runs(decay_cost: float, zc_cost: float, shrink: float = 0.7) -> tuple[Runs, dict]:
