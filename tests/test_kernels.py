@@ -445,6 +445,8 @@ def test_kernels_compile_for_sm90():
         assert not any(k in acc for k in ("ld8", "ld16", "st8", "st16")), f"sub-word accesses in {where}"
         if r["kernel"] != "bwd_dw":  # dW writes one fp32 row per program, the others write bf16 rows
             assert acc.get("st128", 0) >= 1, f"no 128-bit stores in {where}"
+        if r["kernel"] == "fwd":  # the gain is loaded with the row, not after the sum of squares
+            assert r["loads_before_reduction"], f"a load after the reduction in {where}"
         if r["kernel"] == "bwd":
             per_sm = K.bwd_config(r["hidden"])[2]
             assert r["registers"] * 32 * r["num_warps"] * per_sm <= 65536, f"{per_sm} per SM do not fit: {where}"

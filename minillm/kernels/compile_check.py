@@ -108,6 +108,13 @@ def _accesses(ptx: str) -> dict[str, int]:
     return out
 
 
+def _loads_before_reduction(ptx: str) -> bool | None:
+    """Whether every global load comes before the first warp shuffle (the start of a row reduction) in the PTX,
+    so that no load waits for the sum; None for a kernel without a shuffle."""
+    first_shuffle = ptx.find("shfl.sync")
+    return None if first_shuffle < 0 else ptx.rfind("ld.global") < first_shuffle
+
+
 def check(capability: int = 90, hidden=HIDDEN, llama: bool = True) -> list[dict]:
     """Compile every case for sm_<capability>; one dict per (kernel, hidden)."""
     arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
@@ -122,7 +129,8 @@ def check(capability: int = 90, hidden=HIDDEN, llama: bool = True) -> list[dict]
         acc = _accesses(ptx)
         rows.append(dict(kernel=name, hidden=n, num_warps=warps, **{k: v for k, v in constexprs.items()},
                          registers=regs, spill_bytes=spills, local_memory=".local" in ptx, accesses=acc,
-                         shared_bytes=k.metadata.shared, triton=triton.__version__))
+                         shared_bytes=k.metadata.shared, triton=triton.__version__,
+                         loads_before_reduction=_loads_before_reduction(ptx)))
     return rows
 
 

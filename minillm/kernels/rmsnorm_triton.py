@@ -35,14 +35,15 @@ if HAS_TRITON:
     @triton.jit
     def _fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, offset,
                     LLAMA: tl.constexpr, BLOCK: tl.constexpr):
-        """One row per program, the whole row in one masked block."""
+        """One row per program, the whole row in one masked block. The gain is loaded with the row, before the
+        reduction, so its load overlaps the row's instead of waiting for the sum."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
         x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK,)
+        gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + tl.cast(eps, tl.float32))  # scalar
         tl.store(RSTD + row, rstd)
-        gain = _gain(W, cols, mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
         y = _out(x * rstd, gain, X.dtype.element_ty, LLAMA)
         tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
