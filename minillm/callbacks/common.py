@@ -87,7 +87,12 @@ def log_metrics(trainer: L.Trainer, metrics: dict[str, float], step: int) -> Non
         logger.log_metrics(metrics, step=step)
 
 
-def train_loss(outputs: Any) -> Tensor | None:
+def train_loss(outputs: Any, trainer: L.Trainer) -> Tensor | None:
+    """The micro-batch's loss as training_step returned it: Lightning hands on_train_batch_end the loss divided by
+    trainer.accumulate_grad_batches (what the backward uses), so it is multiplied back."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    return loss if isinstance(loss, Tensor) else None
+    if not isinstance(loss, Tensor):
+        return None
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    return loss * accumulate if isinstance(accumulate, int) and accumulate > 1 else loss
 

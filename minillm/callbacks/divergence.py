@@ -75,7 +75,7 @@ class DivergenceGuard(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        loss = train_loss(outputs)
+        loss = train_loss(outputs, trainer)
         if loss is None or self.diverged:
             return
         read = [loss.detach().float()] + ([weights_norm(pl_module).to(loss.device)] if self.check_weights else [])

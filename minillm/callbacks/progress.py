@@ -136,7 +136,7 @@ class LogProgress(ProgressBar, Observer):
         due = step == self._step0 + 1 or step >= trainer.max_steps or now - self._t_line >= self.interval_s
         if not (self._enabled and trainer.is_global_zero and due and step > self._step_line):
             return
-        loss = trainer.callback_metrics.get(TRAIN_LOSS, train_loss(outputs))
+        loss = trainer.callback_metrics.get(TRAIN_LOSS, train_loss(outputs, trainer))
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else math.nan
         rate = self._tokens / max(now - self._t_line, 1e-9)
         per_step = (now - self._t0) / max(step - self._step0, 1)

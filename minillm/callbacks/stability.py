@@ -263,7 +263,7 @@ class StabilityMonitor(Observer):
                            batch_idx: int) -> None:
         metrics: dict[str, float] = {}
         report = self._measure and self._stepped  # the measured step is complete (last micro-batch)
-        loss = train_loss(outputs)
+        loss = train_loss(outputs, trainer)
         logs = self._log_step and self._stepped  # a measured step of the logging cadence
         scores: dict[str, float] = {}
         if loss is not None:

@@ -114,3 +114,14 @@ def test_weight_check_is_exact_and_reads_the_device_once_a_step_with_the_loss(mo
         if step == 1:  # finite, though its square overflows the fused norm: confirmed element-wise, not diverged
             assert not math.isfinite(float(weights_norm(module))) and not guard.diverged
     assert (guard.step, guard.reason) == (2, "non-finite weights after the optimizer step")
+
+
+def test_the_loss_ceiling_reads_the_models_loss_under_gradient_accumulation(tmp_path, corpus):
+    """Lightning hands on_train_batch_end the loss divided by accumulate_grad_batches; the guard multiplies it back,
+    so a ceiling under the real loss (~ln V at the start) stops the run with 4 micro-batches a step too (before:
+    it saw a quarter of the loss and trained on)."""
+    cfg = compose_cfg(tmp_path, corpus, "trainer.accumulate_grad_batches=4", "callbacks.divergence.max_loss=2.0",
+                      "callbacks.divergence.patience=1", "trainer.max_steps=3")
+    train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "train loss above 2 for 1 consecutive" in summary["diverged_reason"]
