@@ -68,3 +68,21 @@ def test_an_overflow_is_the_largest_move_and_nan_is_left_out():
     assert entries[0]["z_onset"] == math.inf and entries[1]["onset_step"] is None
     assert "z = inf" in describe(entries[0]) and "| inf |" in report({"kind": "divergence", "step": 20, "loss": None,
                                                                         "lead_lag": entries})
+
+
+def test_the_spike_ring_starts_at_the_first_step_of_a_fit_a_resumed_one_too(tmp_path, monkeypatch):
+    """A run resumed at step 23 (checkpoints every 5 steps) snapshots step 23 at once: a spike at step 24 has a ring
+    checkpoint to replay from (before, the ring stayed empty until step 25 and such a spike was not written)."""
+    from types import SimpleNamespace
+
+    from minillm.callbacks import SpikeCapture
+
+    capture = SpikeCapture(str(tmp_path), steps=16, checkpoint_every_n_steps=5)
+    capture._on = True
+    snapped = []
+    monkeypatch.setattr(capture, "_check", lambda trainer: None)
+    monkeypatch.setattr(capture, "_snapshot", lambda trainer, step: (snapped.append(step),
+                                                                     capture.ring.append((step, {}))))
+    for step in (23, 24, 25, 26):
+        capture.on_train_batch_start(SimpleNamespace(global_step=step), None, None, 0)
+    assert snapped == [23, 25]

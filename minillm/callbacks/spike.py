@@ -95,7 +95,7 @@ class SpikeCapture(Observer):
             self._step = step
             return
         self._step = step
-        if step % self.every == 0:
+        if step % self.every == 0 or not self.ring:  # an empty ring: the first step of this fit (a resume too)
             self._snapshot(trainer, step)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
