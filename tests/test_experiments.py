@@ -247,6 +247,17 @@ def test_studies_take_every_statistic_from_the_engine(tmp_path):
     assert sorted(_statistics_of(bad)) == [".comb", ".ppf", "scipy", "statistics.NormalDist"]
 
 
+def test_the_instrumentation_benchmark_runs_and_times_the_callbacks(tmp_path):
+    """A short run of the stability-instrumentation benchmark (its README's command, fewer steps) writes its
+    estimates: the benchmark keeps working as the configs it composes grow."""
+    from experiments.benchmarks.instrumentation_cost import bench
+
+    bench.main(["--block", "10", "--blocks", "4", "--skip", "10", "--batch", "4", "--threads", "1",
+                "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["direct"]["cpu_time"]["instrumentation_ms_per_step"] > 0
+
+
 def test_run_kernels_counts_what_the_runs_recorded():
     runs = [{"cpu_capability": "AVX2", "torch_version": "2.13.0+cpu"}] * 2 + [
         {"cpu_capability": "AVX512", "torch_version": "2.13.0+cpu"}, {}]

@@ -203,7 +203,7 @@ def compare(starts: list[float], first: int, steps: int, block: int, every: int)
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--block", type=int, default=10, help="steps per on / off block")
     p.add_argument("--blocks", type=int, default=40, help="number of blocks (even: as many on as off)")
@@ -212,13 +212,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--wandb", action="store_true", help="also log to W&B (offline) and time its logger")
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder for result.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     watch_probe_hooks()
     if args.threads:
         torch.set_num_threads(args.threads)
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu", "logger=wandb"])
+        cfg = compose("train", overrides=["callbacks=stability", "trainer=cpu", "logger=wandb",
+                                          "module.eval_windows_dir=null"])  # no validation here
     args.batch = args.batch or cfg.data.batch_size
     L.seed_everything(0, workers=False, verbose=False)
     module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, VOCAB),
