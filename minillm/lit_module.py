@@ -96,7 +96,9 @@ class LitLM(L.LightningModule):
         log_z = torch.logsumexp(logits, dim=-1)  # (B*T,)
         return ce + self.hparams.z_loss * log_z.pow(2).mean(), ce
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """The loss to minimize (cross entropy, plus z-loss when on) and ``ce``, train/loss, which the callbacks
+        read (Lightning hands them ``loss`` divided by the accumulated micro-batches, ``ce`` as given)."""
         x, y = batch  # (B, T) each
         loss, ce = self.loss(self(x), y)
         self.log(TRAIN_LOSS, ce, prog_bar=True)
@@ -106,7 +108,7 @@ class LitLM(L.LightningModule):
         self.log(TRAIN_TOKENS, float(tokens_seen(self.global_step + 1, x.numel(), trainer.world_size,
                                                  trainer.accumulate_grad_batches)))
         self.log(TRAIN_LR, self.optimizers().param_groups[0]["lr"])
-        return loss
+        return {"loss": loss, "ce": ce.detach()}
 
     def run_eagerly(self, requester: object, on: bool) -> None:
         """Run the model uncompiled while any requester wants it (a callback whose forward hooks a compiled model

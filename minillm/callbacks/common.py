@@ -88,8 +88,11 @@ def log_metrics(trainer: L.Trainer, metrics: dict[str, float], step: int) -> Non
 
 
 def train_loss(outputs: Any, trainer: L.Trainer) -> Tensor | None:
-    """The micro-batch's loss as training_step returned it: Lightning hands on_train_batch_end the loss divided by
+    """The micro-batch's train/loss: ``ce`` of minillm's training_step (the cross entropy, without z-loss), else
+    the loss another module returned, which Lightning hands on_train_batch_end divided by
     trainer.accumulate_grad_batches (what the backward uses), so it is multiplied back."""
+    if isinstance(outputs, dict) and isinstance(outputs.get("ce"), Tensor):
+        return outputs["ce"]
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if not isinstance(loss, Tensor):
         return None

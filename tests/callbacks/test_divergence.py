@@ -125,3 +125,13 @@ def test_the_loss_ceiling_reads_the_models_loss_under_gradient_accumulation(tmp_
     train_script.train(cfg)
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert summary["status"] == "diverged" and "train loss above 2 for 1 consecutive" in summary["diverged_reason"]
+
+
+def test_the_loss_ceiling_reads_train_loss_not_the_z_loss_objective(tmp_path, corpus):
+    """The ceiling is on train/loss (the cross entropy): a large z-loss coefficient (1.0, so the objective at
+    init is ~ln V + (ln V)^2) does not trip a ceiling that the cross entropy (~ln V) stays under."""
+    cfg = compose_cfg(tmp_path, corpus, "module.z_loss=1.0", "callbacks.divergence.max_loss=5.0",
+                      "callbacks.divergence.patience=1", "trainer.max_steps=2")
+    train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("diverged_reason")
