@@ -49,8 +49,7 @@ LOSSES = ("final_val_loss", "best_val_loss", "test_loss")  # losses in nats, wit
 # the ones before it, e.g. norm_options after norm, does not)
 STRATUM_KEYS = ("norm", "placement", "init", "qk_norm", "precision", "precision_used", "warmup_steps", "n_layers",
                 "dim", "n_heads", "n_kv_heads", "tie_embeddings", "vocab_size", "max_seq_len", "batch_size", "seq_len",
-                "max_steps", "grad_clip", "weight_decay", "z_loss", "norm_eps", "norm_options",
-                "attn_norm_options")
+                "max_steps", "grad_clip", "weight_decay", "z_loss", "norm_eps", "norm_options", "attn_norm_options")
 ENVIRONMENT = (("cpu_capability", "CPU kernels"), ("torch_version", "torch versions"), ("code", "git commits"))
 # Another CPU's vector kernels move a run's losses by a few thousandths of a nat (README, "The default run"):
 # a difference below this between arms that ran in different environments is not evidence.
