@@ -13,7 +13,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED = ("s10_mixln/r4_lns_budget", "s3_lr_sensitivity/r5_width_low_lr")
+PREREGISTERED = ("s10_mixln/r4_lns_budget",)
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
