@@ -35,13 +35,13 @@ def params_finite(module: nn.Module, norm: float | None = None) -> bool:
 class DivergenceGuard(L.Callback):
     """Ends a diverging run cleanly: it stops, is marked diverged (step, reason), and the process goes on.
 
-    Diverged: a non-finite train loss, non-finite weights after an optimizer step (``check_weights``: one fused norm
-    of the weights per step, read with the loss in one device sync, see weights_norm; also checked before
-    validations and at the end), or a train loss above the ceiling for ``patience`` consecutive steps (ceiling =
-    ``max_loss``, or ``max_loss_factor * ln(vocab_size)`` when max_loss is null). The verdict goes to RunTotals
-    (``stopped_early``, ``diverged_step``, ``diverged_reason``), where summary.json and minillm's checkpoint
-    callback read it: after a divergence no checkpoint is written, so best.ckpt / last.ckpt keep the last good
-    weights.
+    Judged once per optimizer step, on the mean train loss of its micro-batches. Diverged: a non-finite train loss,
+    non-finite weights after an optimizer step (``check_weights``: one fused norm of the weights per step, read with
+    the loss in one device sync, see weights_norm; also checked before validations and at the end), or a train loss
+    above the ceiling for ``patience`` consecutive optimizer steps (ceiling = ``max_loss``, or ``max_loss_factor *
+    ln(vocab_size)`` when max_loss is null). The verdict goes to RunTotals (``stopped_early``, ``diverged_step``,
+    ``diverged_reason``), where summary.json and minillm's checkpoint callback read it: after a divergence no
+    checkpoint is written, so best.ckpt / last.ckpt keep the last good weights.
     """
 
     def __init__(self, max_loss: float | None = None, max_loss_factor: float | None = 1.5, patience: int = 20,
@@ -55,6 +55,7 @@ class DivergenceGuard(L.Callback):
         self.ceiling: float | None = max_loss
         self.diverged, self.step, self.reason = False, None, None
         self._over, self._step = 0, 0
+        self._losses: list[Tensor] = []  # the micro-batches' losses of the step in progress
 
     def state_dict(self) -> dict[str, Any]:
         """Consecutive steps above the ceiling so far (and the verdict), so a resumed run keeps counting."""
@@ -78,7 +79,12 @@ class DivergenceGuard(L.Callback):
         loss = train_loss(outputs, trainer)
         if loss is None or self.diverged:
             return
-        read = [loss.detach().float()] + ([weights_norm(pl_module).to(loss.device)] if self.check_weights else [])
+        self._losses.append(loss.detach().float())
+        accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+        if (batch_idx + 1) % accumulate and batch_idx + 1 != getattr(trainer, "num_training_batches", None):
+            return  # the step goes on: judged on its micro-batches' mean, after its optimizer step
+        step_loss, self._losses = torch.stack(self._losses).mean(), []
+        read = [step_loss] + ([weights_norm(pl_module).to(loss.device)] if self.check_weights else [])
         (value, *norm), reason = torch.stack(read).tolist(), None  # one device sync for both
         if not math.isfinite(value):
             reason = f"non-finite train loss ({value})"

@@ -135,3 +135,14 @@ def test_the_loss_ceiling_reads_train_loss_not_the_z_loss_objective(tmp_path, co
     train_script.train(cfg)
     summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
     assert summary["status"] == "completed", summary.get("diverged_reason")
+
+
+def test_patience_counts_optimizer_steps_under_gradient_accumulation(tmp_path, corpus):
+    """With 4 micro-batches a step the ceiling's patience counts steps, each judged on its micro-batches' mean loss:
+    patience 2 stops the run at step 1 (before: at step 0, after two micro-batches)."""
+    cfg = compose_cfg(tmp_path, corpus, "trainer.accumulate_grad_batches=4", "callbacks.divergence.max_loss=2.0",
+                      "callbacks.divergence.patience=2", "trainer.max_steps=3")
+    train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert (summary["status"], summary["diverged_step"]) == ("diverged", 1), summary["diverged_reason"]
+    assert "for 2 consecutive steps" in summary["diverged_reason"]
