@@ -149,7 +149,6 @@ def make_norm(cfg: ModelConfig, name: str, dim: int | None = None, options: dict
         raise ConfigError(f"{field_name} ({name}): {err}") from None
 
 
-
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, each (max_seq_len, head_dim // 2), fp32."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
@@ -261,7 +260,8 @@ class Block(nn.Module):
         branch    x + norm(f(x))                    OLMo 2 (norm on the branch output only)
         deepnorm  norm(alpha * x + f(x))            DeepNet, alpha = (2L)^(1/4)
 
-    With cfg.layernorm_scaling, pre and peri use norm(x) / sqrt(index + 1) in place of norm(x).
+    With cfg.layernorm_scaling, pre and peri use norm(x) / sqrt(index + 1) in place of norm(x). A pre block with
+    norm=fused_rmsnorm adds the attention output and normalizes the sum for the feed-forward in one kernel.
     """
 
     def __init__(self, cfg: ModelConfig, placement: str, norm: str, index: int = 0):
@@ -281,8 +281,12 @@ class Block(nn.Module):
         peri = placement == "peri"
         self.attn_out_norm = make_norm(cfg, norm) if peri else None
         self.ffn_out_norm = make_norm(cfg, norm) if peri else None
+        self.fused_add = placement == "pre" and hasattr(ffn_norm, "add_forward")
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
+        if self.fused_add:  # y = ffn_norm(x + attention output), and that sum, from one kernel
+            y, x = self.ffn_norm.add_forward(self.attn(self.attn_norm(x) * self.norm_scale, cos, sin, cache), x)
+            return x + self.ffn(y * self.norm_scale)
         start = cache.length if cache is not None else 0  # absolute position of x[:, 0]
         sublayers = ((lambda h: self.attn(h, cos, sin, cache=cache), self.attn_norm, self.attn_out_norm),
                      (self.ffn, self.ffn_norm, self.ffn_out_norm))

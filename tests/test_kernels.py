@@ -434,8 +434,9 @@ def test_kernels_compile_for_sm90():
                          timeout=300, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout.splitlines()[-1])
-    assert {r["kernel"] for r in rows} >= {"fwd", "bwd", "bwd_dx", "bwd_dw"}
+    assert {r["kernel"] for r in rows} >= {"fwd", "bwd", "bwd_dx", "bwd_dw", "add_fwd", "add_bwd", "add_bwd_dx"}
     for r in rows:
+        kind = r["kernel"].removeprefix("add_")  # the fused residual add's variants are checked as the plain ones
         print(f"{r['kernel']:>7} hidden {r['hidden']:>5}: {r['registers']:>3} registers, {r['num_warps']:>2} warps, "
               f"accesses {r['accesses']}")
         where = f"{r['kernel']} at hidden {r['hidden']}: {r}"
@@ -445,9 +446,9 @@ def test_kernels_compile_for_sm90():
         assert not any(k in acc for k in ("ld8", "ld16", "st8", "st16")), f"sub-word accesses in {where}"
         if r["kernel"] != "bwd_dw":  # dW writes one fp32 row per program, the others write bf16 rows
             assert acc.get("st128", 0) >= 1, f"no 128-bit stores in {where}"
-        if r["kernel"] == "fwd":  # the gain is loaded with the row, not after the sum of squares
+        if kind == "fwd":  # the gain (and the residual) are loaded with the row, not after the sum of squares
             assert r["loads_before_reduction"], f"a load after the reduction in {where}"
-        if r["kernel"] == "bwd":
+        if kind == "bwd":
             per_sm = K.bwd_config(r["hidden"])[2]
             assert r["registers"] * 32 * r["num_warps"] * per_sm <= 65536, f"{per_sm} per SM do not fit: {where}"
 
@@ -522,6 +523,8 @@ def test_benchmark_smoke(tmp_path):
     assert {p.suffix for p in tmp_path.glob("cpu-interpreter-smoke.*")} >= {".json", ".md", ".png"}
     report = json.loads((tmp_path / "cpu-interpreter-smoke.json").read_text())
     assert len(report["kernels"]) == 6 and len(report["train_step"]) == 4 and report["tune"]
+    assert {r["provider"] for r in report["add_kernels"]} >= {"fused_add", "add+fused", "add+eager"}
+    assert all(r.get("fwdbwd_ms") for r in report["add_kernels"])
     assert {(r["norm"], r["precision"]) for r in report["train_step"]} == {
         (n, p) for n in ("rmsnorm", "fused_rmsnorm") for p in ("bf16-mixed", "bf16-true")}
     assert all(r.get("fwd_ms") and r.get("bwd_ms") and r.get("fwdbwd_ms") for r in report["kernels"])
@@ -553,6 +556,12 @@ def test_benchmark_report_judges_targets():
     assert got["fwd >= torch.compile"]["result"] == "n/a" and got["fwd >= liger"]["result"] == "n/a"
     report["targets"] = R.judge(report)
     assert "FAIL: ImportError: x" in R.markdown(report)
+    # the fused add + norm against the add, then the fused norm: 1.3x or more
+    report["add_kernels"] = [row("fused_add", 1.0, 2.0), row("add+fused", 1.4, 2.4)]
+    got = {c["target"]: c for c in R.judge(report)}
+    fwd, fb = (got[f"fused add + norm {p} >= 1.3x add, then fused norm"] for p in ("fwd", "fwd+bwd"))
+    assert (fwd["result"], fwd["margin"], fb["result"], fb["margin"]) == ("PASS", "+0.10x", "FAIL", "-0.10x")
+    assert "## Residual add + RMSNorm" in R.markdown(report)
 
 
 def test_benchmarks_import_without_hydra_datasets_wandb():

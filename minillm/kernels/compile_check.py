@@ -29,7 +29,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from minillm.kernels import rmsnorm as K  # noqa: E402
 
-POINTERS = {"X": "bf16", "Y": "bf16", "DY": "bf16", "DX": "bf16", "W": "bf16", "RSTD": "fp32", "PARTIAL": "fp32"}
+POINTERS = {"X": "bf16", "R": "bf16", "Y": "bf16", "H": "bf16", "DY": "bf16", "DH": "bf16", "DX": "bf16", "W": "bf16",
+            "RSTD": "fp32", "PARTIAL": "fp32"}
 FLOATS = ("eps", "offset")
 M = 16384  # rows (divisible by 16, as in the benchmark)
 HIDDEN = (1024, 2048, 4096, 8192, 16384)  # one-pass and wide-row kernels (the default test)
@@ -38,20 +39,26 @@ H100_SMS = 132  # for the wide-row dW grid
 
 
 def cases(hidden=HIDDEN) -> list[tuple]:
-    """(name, kernel, hidden, constexprs, num_warps, integer arguments) as the launchers in rmsnorm.py pass them."""
+    """(name, kernel, hidden, constexprs, num_warps, integer arguments) as the launchers in rmsnorm.py pass them;
+    the fused residual add's variants (RESIDUAL) are named add_*."""
     out = []
     for n in hidden:
-        ints = dict(stride_x=n, stride_y=n, stride_dy=n, stride_dx=n, N=n, M=M)
+        ints = dict(stride_x=n, stride_r=n, stride_y=n, stride_dy=n, stride_dh=n, stride_dx=n, N=n, M=M)
         block, looped = K._row_block(n)
-        fwd = K._fwd_loop_kernel if looped else K._fwd_kernel
-        out.append(("fwd" + "_loop" * looped, fwd, n, dict(BLOCK=block), K._num_warps(block), ints))
-        if n <= K.MAX_ONEPASS_HIDDEN:
-            rows, warps, _per_sm, stages = K.bwd_config(n)
-            out.append(("bwd", K._bwd_kernel, n, dict(BLOCK=triton.next_power_of_2(n), ROWS=rows, STAGES=stages),
-                        warps, ints))
-        else:
-            dx = K._bwd_dx_loop_kernel if looped else K._bwd_dx_kernel
-            out.append(("bwd_dx" + "_loop" * looped, dx, n, dict(BLOCK=block), K._num_warps(block), ints))
+        for residual in (False, True):
+            add = "add_" * residual
+            fwd = K._fwd_loop_kernel if looped else K._fwd_kernel
+            out.append((f"{add}fwd" + "_loop" * looped, fwd, n, dict(BLOCK=block, RESIDUAL=residual),
+                        K._num_warps(block), ints))
+            if n <= K.MAX_ONEPASS_HIDDEN:
+                rows, warps, _per_sm, stages = K.bwd_config(n)
+                out.append((f"{add}bwd", K._bwd_kernel, n, dict(BLOCK=triton.next_power_of_2(n), ROWS=rows,
+                                                                 STAGES=stages, RESIDUAL=residual), warps, ints))
+            else:
+                dx = K._bwd_dx_loop_kernel if looped else K._bwd_dx_kernel
+                out.append((f"{add}bwd_dx" + "_loop" * looped, dx, n, dict(BLOCK=block, RESIDUAL=residual),
+                            K._num_warps(block), ints))
+        if n > K.MAX_ONEPASS_HIDDEN:
             rows_per_program = K._dw_grid(M, n, H100_SMS)[1]
             out.append(("bwd_dw", K._bwd_dw_kernel, n, dict(BLOCK_ROWS=K.DW_BLOCK_ROWS, BLOCK_COLS=K.DW_BLOCK_COLS),
                         4, {**ints, "rows_per_program": rows_per_program}))

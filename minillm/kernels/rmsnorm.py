@@ -192,13 +192,17 @@ def _rows(t: Tensor, n: int) -> Tensor:
 
 
 def _launch_bwd(dy2d: Tensor, x2d: Tensor, weight: Tensor, rstd: Tensor, dx2d: Tensor, partial: Tensor,
-                offset: float, llama: bool, config: tuple[int, int, int, int], launch=_direct):
-    """One-pass backward on a grid of partial.shape[0] programs: dx2d, and each program's row of partial."""
+                offset: float, llama: bool, config: tuple[int, int, int, int], launch=_direct,
+                dh2d: Tensor | None = None):
+    """One-pass backward on a grid of partial.shape[0] programs: dx2d (+ dh2d), and each program's row of
+    partial."""
     m, n = x2d.shape
     rows, warps, _per_sm, stages = config
+    dh = dy2d if dh2d is None else dh2d  # never read without a residual
     return launch(_bwd_kernel)[(partial.shape[0],)](
-        dy2d, x2d, weight, rstd, dx2d, partial, dy2d.stride(0), x2d.stride(0), dx2d.stride(0), m, n, offset,
-        LLAMA=llama, BLOCK=triton.next_power_of_2(n), ROWS=rows, STAGES=stages, num_warps=warps)
+        dy2d, dh, x2d, weight, rstd, dx2d, partial, dy2d.stride(0), dh.stride(0), x2d.stride(0), dx2d.stride(0),
+        m, n, offset, LLAMA=llama, RESIDUAL=dh2d is not None, BLOCK=triton.next_power_of_2(n), ROWS=rows,
+        STAGES=stages, num_warps=warps)
 
 
 def _dw_grid(m: int, n: int, sms: int) -> tuple[int, int]:
@@ -220,32 +224,39 @@ def _launch_dw(dy2d: Tensor, x2d: Tensor, rstd: Tensor, partial: Tensor, rows_pe
                                  BLOCK_COLS=DW_BLOCK_COLS, num_warps=4)
 
 
-def _fwd_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Empty (y, rstd): y (..., N) contiguous in x's dtype, rstd (...,) fp32."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (..., N)
+def _fwd_outputs(x: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """Empty (y, rstd): y (..., N) contiguous in dtype (x's by default), rstd (...,) fp32."""
+    y = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)  # (..., N)
     return y, torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)  # (...,)
 
 
-def _fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str, launch) -> tuple[Tensor, Tensor]:
-    """(y, rstd) by the forward kernel; x (..., N) with any strides, weight (N,) contiguous."""
+def _fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str, launch,
+         residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(y, rstd, h) by the forward kernel; x (..., N) with any strides, weight (N,) contiguous. With a residual
+    (x's shape), h = x + residual in their promoted dtype is what is normalized (h None without one)."""
     n = x.shape[-1]
     x2d, weight = _rows(x, n), weight.contiguous()  # (M, N), (N,)
-    y, rstd = _fwd_outputs(x)
+    r2d = x2d if residual is None else _rows(residual, n)  # never read without a residual
+    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y, rstd = _fwd_outputs(x, dtype)
+    h = None if residual is None else torch.empty_like(y)  # (..., N), y's layout
     m = x2d.shape[0]
     if m > 0:
         block, looped = _row_block(n)
-        args = (x2d, weight, y, rstd, x2d.stride(0), n, n, eps, offset)
-        meta = dict(LLAMA=cast == "llama", BLOCK=block, num_warps=_num_warps(block))
+        args = (x2d, r2d, weight, y, y if h is None else h, rstd, x2d.stride(0), r2d.stride(0), n, n, eps, offset)
+        meta = dict(LLAMA=cast == "llama", RESIDUAL=h is not None, BLOCK=block, num_warps=_num_warps(block))
         with _on_device_of(x):
             launch(_fwd_loop_kernel if looped else _fwd_kernel)[(m,)](*args, **meta)
-    return y, rstd
+    return y, rstd, h
 
 
 def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cast: str,
-         launch) -> tuple[Tensor, Tensor]:
-    """(dx, dweight): dx like x (contiguous, never aliasing dy), dweight like weight."""
+         launch, dh: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(dx, dweight): dx like x (contiguous, never aliasing dy), dweight like weight. With dh (x's shape), the
+    gradient reaching x from elsewhere, dx is the sum of the norm's and dh."""
     n = x.shape[-1]
     x2d, dy2d = _rows(x, n), _rows(dy, n)  # (M, N)
+    dh2d = None if dh is None else _rows(dh, n)
     weight, rstd = weight.contiguous(), rstd.contiguous()  # (N,), (...,)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (..., N)
     m = x2d.shape[0]
@@ -257,11 +268,13 @@ def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cas
             config = bwd_config(n)
             programs = min(config[2] * _num_sms(x.device), triton.cdiv(m, config[0]))
             partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)  # (P, N)
-            _launch_bwd(dy2d, x2d, weight, rstd, dx.view(-1, n), partial, offset, llama, config, launch)
+            _launch_bwd(dy2d, x2d, weight, rstd, dx.view(-1, n), partial, offset, llama, config, launch, dh2d)
         else:
             block, looped = _row_block(n)
-            args = (dy2d, x2d, weight, rstd, dx, dy2d.stride(0), x2d.stride(0), n, n, offset)
-            meta = dict(LLAMA=llama, BLOCK=block, num_warps=_num_warps(block))
+            dh_arg = dy2d if dh2d is None else dh2d  # never read without a residual
+            args = (dy2d, dh_arg, x2d, weight, rstd, dx, dy2d.stride(0), dh_arg.stride(0), x2d.stride(0), n, n,
+                    offset)
+            meta = dict(LLAMA=llama, RESIDUAL=dh2d is not None, BLOCK=block, num_warps=_num_warps(block))
             launch(_bwd_dx_loop_kernel if looped else _bwd_dx_kernel)[(m,)](*args, **meta)
             groups, rows_per_program = _dw_grid(m, n, _num_sms(x.device))
             partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)  # (groups, N)
@@ -274,7 +287,7 @@ def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cas
 
 
 def _rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> tuple[Tensor, Tensor]:
-    return _fwd(x, weight, eps, offset, cast, _op_launch)
+    return _fwd(x, weight, eps, offset, cast, _op_launch)[:2]
 
 
 def _rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
@@ -324,7 +337,7 @@ class _FusedRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float, offset: float, cast: str) -> Tensor:
-        y, rstd = _fwd(x, weight, eps, offset, cast, _direct)
+        y, rstd, _ = _fwd(x, weight, eps, offset, cast, _direct)
         ctx.save_for_backward(x, weight, rstd)
         ctx.offset, ctx.cast = offset, cast
         return y
@@ -365,8 +378,8 @@ def require_fused() -> None:
                            "jit helpers of Triton were built for the GPU): set it before anything imports triton")
 
 
-def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, cast: str = "fp32") -> Tensor:
-    """RMSNorm of x (..., N) with gain weight (N,) + offset, by the Triton kernels; autograd gives dx, dW."""
+def check_args(x: Tensor, weight: Tensor, cast: str, what: str = "fused_rms_norm") -> None:
+    """ValueError (RuntimeError without triton) for arguments the kernels cannot take."""
     _check_cast(cast)
     if not HAS_TRITON:
         require_fused()
@@ -374,13 +387,18 @@ def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, c
         raise ValueError(f"weight of shape {tuple(weight.shape)} does not match the last dim of x "
                          f"{tuple(x.shape)}")
     if not (x.is_floating_point() and weight.is_floating_point()):
-        raise ValueError(f"fused_rms_norm needs floating-point x and weight, got {x.dtype}, {weight.dtype}")
+        raise ValueError(f"{what} needs floating-point x and weight, got {x.dtype}, {weight.dtype}")
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
     if x.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(f"fused_rms_norm runs on CUDA tensors (x is on {x.device}): move the model to a "
+        raise ValueError(f"{what} runs on CUDA tensors (x is on {x.device}): move the model to a "
                          "CUDA GPU, or set TRITON_INTERPRET=1 before import for the CPU interpreter "
                          "(tests only)")
+
+
+def fused_rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, cast: str = "fp32") -> Tensor:
+    """RMSNorm of x (..., N) with gain weight (N,) + offset, by the Triton kernels; autograd gives dx, dW."""
+    check_args(x, weight, cast)
     eps, offset = float(eps), float(offset)
     if not _eager_ok(x, weight):
         return torch.ops.minillm.rms_norm_fwd(x, weight.contiguous(), eps, offset, cast)[0]

@@ -47,9 +47,13 @@ class Implemented:
         chosen = getattr(self, "_chosen", None) or {}
         return ",".join(sorted({name for name, _ in chosen.values()})) or None
 
+    def traced(self, x: Tensor) -> Tensor:
+        """What a compiled model traces: the composite, which the compiler fuses with its neighbours."""
+        return self.reference(x)
+
     def run(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():  # inside a compiled model: the composite, which the compiler fuses
-            return self.reference(x)
+        if torch.compiler.is_compiling():
+            return self.traced(x)
         chosen = self.__dict__.setdefault("_chosen", {})
         found = chosen.get(x.device.type)
         if found is None:

@@ -74,8 +74,11 @@ class RMSNorm(Implemented, _AffineNorm):
             kernel.require_fused()
         except RuntimeError:
             return None
-        offset = 1.0 if self.zero_centered else 0.0
-        return lambda x: kernel.fused_rms_norm(x, self.weight, self.eps, offset=offset, cast=self.cast)
+        return lambda x: kernel.fused_rms_norm(x, *self._kernel_args())
+
+    def _kernel_args(self) -> tuple:
+        """(weight, eps, offset, cast) of the fused kernels."""
+        return self.weight, self.eps, 1.0 if self.zero_centered else 0.0, self.cast
 
     def forward(self, x: Tensor) -> Tensor:
         return self.run(x)
@@ -107,6 +110,26 @@ class FusedRMSNorm(RMSNorm):
 
     def set_impl(self, impl: str) -> None:
         super().set_impl("triton")  # this norm is the kernel, whatever model.norm_impl says
+
+    @property
+    def impl_used(self) -> str:
+        return "triton"
+
+    def traced(self, x: Tensor) -> Tensor:
+        """The kernel in a compiled model too (its custom op traces without a graph break): what was asked for."""
+        from minillm.kernels import rmsnorm as kernel
+
+        return kernel.fused_rms_norm(x, *self._kernel_args())
+
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(self(x + residual), x + residual) by one kernel (minillm/kernels/add_rmsnorm.py). A norm that forward
+        hooks observe (probes, histograms) gets the add and its own call instead, so each hook sees its input."""
+        if self._forward_hooks or self._forward_pre_hooks:
+            h = x + residual
+            return self(h), h
+        from minillm.kernels.add_rmsnorm import fused_add_rms_norm
+
+        return fused_add_rms_norm(x, residual, *self._kernel_args())
 
 
 @register("dyt")

@@ -46,7 +46,7 @@ case $STEP in
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
 and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } \
       > "$OUT/env.txt" 2>&1
-    step 300 tests $PY -m pytest tests/test_kernels.py -m "gpu or not slow" -q -rfEs -p no:cacheprovider \
+    step 300 tests $PY -m pytest tests/test_kernels.py tests/test_add_rmsnorm.py -m "gpu or not slow" -q -rfEs -p no:cacheprovider \
       --junitxml="$OUT/tests.xml"
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
   kernels)

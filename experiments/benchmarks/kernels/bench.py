@@ -26,7 +26,13 @@ import time
 from pathlib import Path
 
 from experiments.benchmarks.kernels import report as R
-from experiments.common.failure import failure
+from experiments.benchmarks.kernels.providers import (
+    composite,
+    error_line,
+    liger_status,
+    make_add_providers,
+    make_providers,
+)
 
 ROWS = (16384, 65536, 4096)  # the shapes the targets judge (M >= 16K) first: a time limit loses the rest
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
@@ -42,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="all = kernels + train")
     p.add_argument("--rows", type=int, nargs="+", help=f"M values (default {ROWS})")
     p.add_argument("--hidden", type=int, nargs="+", help=f"hidden sizes (default {HIDDEN})")
-    p.add_argument("--providers", nargs="+", help="subset of fused eager F.rms_norm torch.compile liger")
+    p.add_argument("--providers", nargs="+", help="subset of fused eager F.rms_norm torch.compile liger, and of the "
+                   "add + norm providers fused_add add+fused add+eager torch.compile liger_fused_add")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
@@ -115,107 +122,51 @@ def bwd_bytes(m: int, n: int, es: int = 2) -> int:
     return 3 * m * n * es + 2 * n * es + 4 * m
 
 
-def _error(e: Exception) -> str:
-    return failure(e)["error"]
+def add_fwd_bytes(m: int, n: int, es: int = 2) -> int:
+    """Fused add + norm forward: read x, residual, w; write y, h, rstd."""
+    return 4 * m * n * es + n * es + 4 * m
 
 
-# ----------------------------------------------------------------------------------------------------------
-# providers: each maps (weight, eps) to a function of x
+def add_bwd_bytes(m: int, n: int, es: int = 2) -> int:
+    """Fused add + norm backward: read dy, dh, h, w, rstd; write one gradient for x and residual, and dW."""
+    return 4 * m * n * es + 2 * n * es + 4 * m
 
 
-def composite(x, w, eps: float):
-    """Eager RMSNorm as most codebases write it: fp32 upcast, normalize, cast, multiply (LLaMA's order)."""
-    import torch
-
-    x32 = x.float()  # (M, N)
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-def make_providers(use_compile: bool, only=None) -> dict:
-    import torch
-    import torch.nn.functional as F
-
-    from minillm.kernels.rmsnorm import fused_rms_norm
-
-    providers = {
-        "fused": lambda w, eps: lambda x: fused_rms_norm(x, w, eps, cast="llama"),
-        "eager": lambda w, eps: lambda x: composite(x, w, eps),
-        "F.rms_norm": lambda w, eps: lambda x: F.rms_norm(x, (x.shape[-1],), w, eps),
-    }
-    if use_compile:
-        compiled = torch.compile(composite, dynamic=False)
-        providers["torch.compile"] = lambda w, eps: lambda x: compiled(x, w, eps)
-    try:
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
-
-        def liger(w, eps):
-            try:
-                mod = LigerRMSNorm(w.shape[0], eps=eps, casting_mode="llama")
-            except TypeError:  # older releases have no casting_mode argument
-                mod = LigerRMSNorm(w.shape[0], eps=eps)
-            mod.weight = w  # share the benchmark's bf16 parameter
-            return mod
-
-        providers["liger"] = liger
-        if os.environ.get("TRITON_INTERPRET") == "1" and (why := interpreter_refuses(liger)):
-            import triton
-
-            print(f"liger-kernel does not run under Triton {triton.__version__}'s interpreter ({why}); skipping that "
-                  "baseline in this dry run (on a GPU it runs compiled)")
-            del providers["liger"]
-    except Exception as e:  # not installed, or broken on this machine
-        print(f"liger-kernel not importable ({_error(e)}); skipping that baseline")
-    return {k: v for k, v in providers.items() if not only or k in only}
-
-
-def interpreter_refuses(make) -> str | None:
-    """The error of a provider's forward and backward on a tiny CPU input, or None when it runs."""
-    import torch
-
-    w = torch.nn.Parameter(torch.ones(8))
-    try:
-        make(w, 1e-6)(torch.randn(2, 8, requires_grad=True)).sum().backward()
-    except Exception as e:
-        return _error(e)
-    return None
-
-
-def liger_status() -> str:
-    try:
-        from importlib.metadata import version
-
-        import liger_kernel  # noqa: F401
-
-        return version("liger-kernel")
-    except Exception as e:
-        return f"absent ({type(e).__name__})"
-
-
-def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool) -> dict:
-    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd, and the two graph replays."""
+def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool,
+                add: bool = False) -> dict:
+    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd, and the two graph replays. With add, the
+    provider is an add + norm: f(x, residual) -> (y, h), with upstream gradients for both outputs."""
     import torch
 
     torch.manual_seed(0)
     x = torch.randn(m, n, device=device, dtype=torch.bfloat16)  # (M, N)
-    dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)  # (M, N)
     w = torch.nn.Parameter((1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16))  # (N,)
+    inputs = [x, torch.randn_like(x)] if add else [x]  # x (and the residual)
+    grads_out = [torch.randn_like(x) for _ in inputs]  # dy (and dh); Liger may write dx over dy: these are copies
     row = {"provider": name, "M": m, "hidden": n, "dtype": "bf16", "copy_gbps": copy}
-    nbytes = {"fwd": fwd_bytes(m, n), "bwd": bwd_bytes(m, n)}
+    nbytes = {"fwd": (add_fwd_bytes if add else fwd_bytes)(m, n), "bwd": (add_bwd_bytes if add else bwd_bytes)(m, n)}
     nbytes["fwdbwd"] = nbytes["fwd"] + nbytes["bwd"]
     try:
         f = make(w, EPS)
     except Exception as e:
-        return {**row, **{f"{p}_error": _error(e) for p, _ in R.PHASES + R.GRAPH_PHASES}}
-    xg = x.detach().clone().requires_grad_()
-    dyp = dy.clone()  # Liger writes dx over dy by default: keep the shared dy intact
+        return {**row, **{f"{p}_error": error_line(e) for p, _ in R.PHASES + R.GRAPH_PHASES}}
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+
+    def outputs(args):
+        out = f(*args)
+        return list(out) if add else [out]
 
     def no_grad_fwd():
         with torch.no_grad():
-            return f(x)
+            return outputs(inputs)
+
+    def clear():
+        for t in (*leaves, w):
+            t.grad = None
 
     def fwdbwd():  # fresh gradients each time (also inside a graph capture: no accumulation kernel)
-        xg.grad = w.grad = None
-        f(xg).backward(dyp)
+        clear()
+        torch.autograd.backward(outputs(leaves), grads_out)
 
     def run(phase: str, measure) -> None:
         try:
@@ -224,32 +175,33 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
             gbps = nbytes[phase.removeprefix("graph_")] / (ms * 1e-3) / 1e9
             row[f"{phase}_gbps"], row[f"{phase}_frac"] = gbps, gbps / copy
         except Exception as e:  # an OOM, a broken baseline, a failed capture: a FAIL cell, the rest goes on
-            row[f"{phase}_error"] = _error(e)
+            row[f"{phase}_error"] = error_line(e)
             if device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
         finally:
-            xg.grad = w.grad = None
+            clear()
 
-    if name == "fused":  # gate: every output within 2 bf16 ulps of the eager composite's
+    if name in ("fused", "fused_add"):  # gate: every output within 2 bf16 ulps of the eager composite's
         try:
-            ref = composite(x, w, EPS).float()
-            err = (no_grad_fwd().float() - ref).abs()
+            ref = composite(sum(inputs), w, EPS).float()
+            err = (no_grad_fwd()[0].float() - ref).abs()
             ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref).exponent - 8)  # bf16: 8 bits
             row["max_abs_diff_vs_eager"] = err.max().item()
             row["matches_eager"] = bool((err <= (4 if smoke else 2) * ulp).all())  # interpreter truncates
         except Exception as e:
-            row["fwd_error"] = _error(e)
+            row["fwd_error"] = error_line(e)
     run("fwd", lambda: bench_ms(no_grad_fwd, smoke))
     out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
     try:
-        out.append(f(xg))
+        out.append(outputs(leaves))
     except Exception as e:
-        row["bwd_error"] = _error(e)
+        row["bwd_error"] = error_line(e)
     if out:
-        run("bwd", lambda: bench_ms(lambda: out[0].backward(dyp, retain_graph=True), smoke, grad_to_none=[xg, w]))
+        run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
+                                    grad_to_none=[*leaves, w]))
     out.clear()
-    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, grad_to_none=[xg, w]))
+    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, grad_to_none=[*leaves, w]))
     if graphs:
         run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke))
         run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke))
@@ -275,14 +227,16 @@ def bench_kernels(args, device: str, copy: float, save) -> None:
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, 4 * len(rows) * len(hidden) + 8)
-    providers = make_providers(not args.no_compile, args.providers)
+    sections = (("kernels", make_providers(not args.no_compile, args.providers)),
+                ("add_kernels", make_add_providers(not args.no_compile, args.providers)))
     graphs = device == "cuda" and not args.no_graphs
     for m in rows:
         for n in hidden:
-            for name, make in providers.items():
-                row = bench_shape(device, args.smoke, m, n, name, make, copy, graphs)
-                print(_fmt(row), flush=True)
-                save("kernels", [row])  # after every configuration: a run cut short keeps what it measured
+            for section, providers in sections:  # the norm, then the add + norm, at each shape
+                for name, make in providers.items():
+                    row = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels")
+                    print(_fmt(row), flush=True)
+                    save(section, [row])  # after every configuration: a run cut short keeps what it measured
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -331,105 +285,12 @@ def bench_tune(args, device: str, copy: float, save) -> None:
                 gbps = bwd_bytes(m, n) / (ms * 1e-3) / 1e9
                 row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
             except Exception as e:
-                row["bwd_error"] = _error(e)
+                row["bwd_error"] = error_line(e)
             finally:
                 K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
             print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%})"
                   if "bwd_ms" in row else f"FAIL {row['bwd_error']}"), flush=True)
             save("tune", [row])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# end-to-end train step
-
-
-def peak_flops(device: str) -> float | None:
-    """bf16 dense peak of the GPU, from minillm's one table (None on the CPU)."""
-    import torch
-
-    from minillm.callbacks.perf import device_peak_flops
-
-    return device_peak_flops(torch.device("cuda"), torch.bfloat16) if device == "cuda" else None
-
-
-def bench_train(args, device: str, save) -> None:
-    import torch
-
-    if args.smoke:
-        kw = dict(vocab_size=256, dim=64, n_layers=2, n_heads=2, n_kv_heads=2, max_seq_len=32, placement="pre")
-        batch, steps, warmup = 2, 2, 1
-    else:
-        kw = dict(vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, max_seq_len=1024,
-                  placement="pre")
-        batch, steps, warmup = args.train_batch, args.train_steps, 5
-    peak = peak_flops(device)
-    # most valuable first (a time limit loses the last): the compiled rows the targets judge, the fused kernel first
-    compiles = (True, False) if not args.no_compile else (False,)
-    order = [(norm, compiled, precision) for compiled in compiles for precision in ("bf16-mixed", "bf16-true")
-             for norm in ("fused_rmsnorm", "rmsnorm")]
-    for norm, compiled, precision in order:
-        try:
-            row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak, precision)
-        except Exception as e:  # a compile failure must not lose the other rows
-            row = {"norm": norm, "compiled": compiled, "precision": precision, **failure(e)}
-        save("train_step", [row])
-        print(f"train {norm:>14} compiled={compiled!s:5} {precision:10} " + (row.get("error") or
-              f"{row['step_ms']:8.2f} ms/step {row['tokens_per_s']:10.0f} tok/s MFU {row.get('mfu')}"),
-              flush=True)
-        torch._dynamo.reset()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-
-
-def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, steps: int, warmup: int,
-              peak: float | None, precision: str = "bf16-mixed") -> dict:
-    """Median train-step time of one configuration; everything it allocates is freed on return. ``precision``:
-    bf16-mixed (fp32 weights, bf16 autocast: the residual stream is fp32) or bf16-true (the model in bf16)."""
-    import torch
-    import torch.nn.functional as F
-
-    from minillm.model import ModelConfig, Transformer
-
-    T, V = kw["max_seq_len"], kw["vocab_size"]
-    torch.manual_seed(0)
-    cfg = ModelConfig(norm=norm, **kw)
-    model = Transformer(cfg).to(device, dtype=torch.bfloat16 if precision == "bf16-true" else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device == "cuda")
-    fwd = torch.compile(model) if compiled else model
-    idx = torch.randint(V, (batch, T + 1), device=device)
-    inp, tgt = idx[:, :-1], idx[:, 1:]
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(warmup + steps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            logits = fwd(inp)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().view(-1, V), tgt.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    ms = statistics.median(times)
-    tok_s = batch * T / (ms * 1e-3)
-    try:
-        from minillm.callbacks.perf import analytic_flops_per_token  # imports lightning
-
-        flops = analytic_flops_per_token(cfg, T) * tok_s
-        causal = analytic_flops_per_token(cfg, T, causal=True) * tok_s
-    except Exception:
-        flops = causal = None
-    return {"norm": norm, "compiled": compiled, "precision": precision, "params_M": model.num_params() / 1e6,
-            "batch": batch, "seq_len": T, "step_ms": ms, "tokens_per_s": tok_s, "loss": loss.item(),
-            "flops_per_s": flops, "peak_flops": peak, "mfu": flops / peak if flops and peak else None,
-            "mfu_causal": causal / peak if causal and peak else None,
-            "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -468,6 +329,8 @@ def main(argv=None) -> Path:
     if args.mode == "tune":
         bench_tune(args, device, copy, save)
     if args.mode in ("all", "train"):
+        from experiments.benchmarks.kernels.train_step import bench_train
+
         bench_train(args, device, save)
     R.write(path, report)
     print("wrote " + ", ".join(str(path.with_suffix(x)) for x in (".json", ".md", ".png")
