@@ -64,9 +64,10 @@ INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
 # (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES). Each thread holds
 # ROWS * BLOCK / (32 * num_warps) = 8-16 elements of x, of dy and of the fp32 dW accumulator. Programs per SM:
 # what one SM's 64K registers hold, from the register count of an offline sm_90 compile of the kernel as it
-# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 116 / 116
-# registers from BLOCK 256 to 8192 with Triton 3.9, 103 / 115 / 96 / 64 / 114 / 114 with Triton 3.6 (the GPU
-# image's); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill or on
+# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 122 / 122
+# registers from BLOCK 256 to 8192 with Triton 3.9 (the fused add's variant: 96 / 100 / 114 / 64 / 120 / 120),
+# 103 / 115 / 96 / 64 / 122 / 122 with Triton 3.6 (the add's: 118 / 119 / 119 / 64 / 111 / 111);
+# tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill or on
 # programs per SM that do not fit. STAGES > 1 prefetches the next rows into shared memory (cp.async) while the
 # current row is reduced: the wide rows have only 1-2 programs per SM to hide memory latency with.
 # Not yet timed on a GPU: experiments/benchmarks/kernels/bench.py --tune times the alternatives.
