@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.common.plots import pyplot, save
+from experiments.common.plots import paired_differences, pyplot, save, seed_lines
 from experiments.common.study import mean
 from experiments.studies.s8_dyt.r3_budget_per_site.analyze import ARMS, PARITY, PER_SITE, SEEDS, STEPS, arm, key
 from minillm.outcome import final_loss
@@ -25,26 +25,12 @@ def main() -> Path:
     saturation = json.loads((HERE / "saturation.json").read_text())
     plt = pyplot()
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
-    x = range(len(ARMS))
     loss = {s: {arm(r): final_loss(r) for r in runs if r["seed"] == s} for s in SEEDS}
-    for s in SEEDS:
-        left.plot(x, [loss[s].get(a) for a in ARMS], "o-", color="grey", alpha=0.5, lw=0.8, ms=4)
-    left.plot(x, [mean(loss[s][a] for s in SEEDS if a in loss[s]) for a in ARMS], "s", color="C3", ms=8,
-              label="seed mean")
     unigram = mean(r["unigram_loss"] for r in runs if r.get("unigram_loss"))
-    left.set(ylabel="final val loss (nats)", title=f"{STEPS} steps, a line per seed (unigram loss {unigram:.2f})")
-    left.set_xticks(list(x), ARMS)
-    left.legend(fontsize=7)
-    pairs = (("uniform", "rmsnorm", PARITY, "D3"), ("attn 1.0", "uniform", -PER_SITE, "D4a"),
-             ("attn 2.0", "uniform", -PER_SITE, "D4b"))
-    for i, (a, b, threshold, _) in enumerate(pairs):
-        d = [loss[s][a] - loss[s][b] for s in SEEDS if a in loss[s] and b in loss[s]]
-        middle.scatter([i] * len(d), d, color="C0", s=16, alpha=0.7)
-        middle.plot([i - 0.2, i + 0.2], [mean(d)] * 2, color="C0")
-        middle.plot([i - 0.3, i + 0.3], [threshold] * 2, color="C3", ls=":", lw=1)
-    middle.axhline(0, color="grey", lw=0.6)
-    middle.set(ylabel="paired difference, nats (per seed)", title="what the rules read (red: each threshold)")
-    middle.set_xticks(range(len(pairs)), [f"{n}: {a} - {b}" for a, b, _, n in pairs], fontsize=7)
+    seed_lines(left, loss, ARMS, "final val loss (nats)",
+               f"{STEPS} steps, a line per seed (unigram loss {unigram:.2f})")
+    paired_differences(middle, loss, (("uniform", "rmsnorm", PARITY, "D3"), ("attn 1.0", "uniform", -PER_SITE, "D4a"),
+                                      ("attn 2.0", "uniform", -PER_SITE, "D4b")))
     dyt = ARMS[1:]
     for i, a in enumerate(dyt):
         vals = [100 * saturation[key(r)] for r in runs if arm(r) == a and key(r) in saturation]
