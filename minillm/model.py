@@ -285,7 +285,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
         if self.fused_add:  # y = ffn_norm(x + attention output), and that sum, from one kernel
-            y, x = self.ffn_norm.add_forward(self.attn(self.attn_norm(x) * self.norm_scale, cos, sin, cache), x)
+            y, x = self.ffn_norm.add_forward(self.attn(self.attn_norm(x) * self.norm_scale, cos, sin, cache=cache), x)
             return x + self.ffn(y * self.norm_scale)
         start = cache.length if cache is not None else 0  # absolute position of x[:, 0]
         sublayers = ((lambda h: self.attn(h, cos, sin, cache=cache), self.attn_norm, self.attn_out_norm),

@@ -1,6 +1,6 @@
 """Fused residual add + RMSNorm: ``y, h = fused_add_rms_norm(x, residual, w, eps)`` computes
 
-    h = x + residual        (in their promoted dtype, rounded as torch's add rounds)
+    h = x + residual        (in their promoted dtype, rounded once from fp32 as torch's add rounds fp16/bf16/fp32)
     y = rmsnorm(h) * w      (minillm.kernels.rmsnorm's function of h: same eps, offset and cast)
 
 in one kernel, and the backward of both in one pass. A Pre-LN block adds its attention output to the residual
@@ -40,9 +40,18 @@ def _bwd(dy, dh, h, weight, rstd, offset, cast, launch) -> tuple[Tensor, Tensor]
     return K._bwd(dy, h, weight, rstd, offset, cast, launch, dh=dh)
 
 
-def _input_grads(d_h: Tensor, x_dtype: torch.dtype, r_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The gradient of h is that of x and of residual, each in its own dtype (as the add's backward gives)."""
-    return d_h.to(x_dtype), d_h.to(r_dtype)
+def _grads(bwd, dy: Tensor | None, dh: Tensor | None, h: Tensor, weight: Tensor, rstd: Tensor, offset: float,
+           cast: str, dtypes: tuple) -> tuple:
+    """(dx, dresidual, dweight) from the upstream gradients (None for an output that got none): the gradient of h,
+    the norm's plus dh in one pass, is that of x and of residual, each in its own dtype (as the add's backward
+    gives). With y unused it is dh alone, and the gain gets none."""
+    if dy is None:
+        d_h, dw = dh, None
+    else:
+        d_h, dw = bwd(dy, dh, h, weight, rstd, offset, cast)
+    if d_h is None:
+        return None, None, dw
+    return d_h.to(dtypes[0]), d_h.to(dtypes[1]), dw
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -64,13 +73,13 @@ def _setup_context(ctx, inputs, output) -> None:
     _y, h, rstd = output
     ctx.save_for_backward(h, weight, rstd)
     ctx.offset, ctx.cast, ctx.dtypes = offset, cast, (x.dtype, residual.dtype)
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros to read
 
 
 def _backward(ctx, dy: Tensor | None, dh: Tensor | None, _drstd: Tensor | None):
     h, weight, rstd = ctx.saved_tensors
-    dy = torch.zeros_like(h) if dy is None else dy  # y unused: only the residual path's gradient
-    d_h, dw = torch.ops.minillm.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.cast)
-    return *_input_grads(d_h, *ctx.dtypes), dw, None, None, None
+    return *_grads(torch.ops.minillm.add_rms_norm_bwd, dy, dh, h, weight, rstd, ctx.offset, ctx.cast,
+                   ctx.dtypes), None, None, None
 
 
 def _fake_fwd(x, residual, weight, eps, offset, cast):
@@ -108,14 +117,14 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         y, h, rstd = _fwd(x, residual, weight, eps, offset, cast, K._direct)
         ctx.save_for_backward(h, weight, rstd)
         ctx.offset, ctx.cast, ctx.dtypes = offset, cast, (x.dtype, residual.dtype)
+        ctx.set_materialize_grads(False)
         return y, h
 
     @staticmethod
     def backward(ctx, dy: Tensor | None, dh: Tensor | None):
         h, weight, rstd = ctx.saved_tensors
-        dy = torch.zeros_like(h) if dy is None else dy
-        d_h, dw = _bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.cast, K._direct)
-        return *_input_grads(d_h, *ctx.dtypes), dw, None, None, None
+        bwd = lambda *a: _bwd(*a, K._direct)  # noqa: E731
+        return *_grads(bwd, dy, dh, h, weight, rstd, ctx.offset, ctx.cast, ctx.dtypes), None, None, None
 
 
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float = 0.0,
@@ -123,6 +132,9 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, 
     """(y, h): h = x + residual and y = RMSNorm of h with gain weight (N,) + offset, by one Triton kernel;
     autograd gives dx, dresidual and dW. x and residual: one shape (no broadcasting), any float dtypes."""
     K.check_args(x, weight, cast, "fused_add_rms_norm")
+    if torch.float64 in (x.dtype, residual.dtype):
+        raise ValueError("fused_add_rms_norm adds in fp32, so a float64 sum would lose precision: use x + residual "
+                         "and fused_rms_norm (or the reference) for float64")
     if residual.shape != x.shape:
         raise ValueError(f"residual of shape {tuple(residual.shape)} does not match x {tuple(x.shape)} "
                          "(no broadcasting)")

@@ -23,6 +23,17 @@ def register(name: str) -> Callable[[type], type]:
     return add
 
 
+def observed(module: nn.Module) -> bool:
+    """Whether hooks watch the module's calls: its own forward or backward hooks, or the global module hooks."""
+    from torch.nn.modules import module as nn_module
+
+    hooks = [getattr(module, name) for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                   "_backward_pre_hooks")]
+    hooks += [getattr(nn_module, f"_global_{kind}_hooks", None) for kind in ("forward", "forward_pre", "backward",
+                                                                              "backward_pre")]
+    return any(hooks)
+
+
 class Implemented:
     """A norm with several implementations of one function (minillm/norms/impl.py): ``impl`` is the one asked
     (build_norm sets it from model.norm_impl), resolved at the first forward on each device type; ``impl_used``

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from minillm.errors import ConfigError, check_choice, check_int, check_number
 from minillm.norms import impl
-from minillm.norms.base import Implemented, _AffineNorm, register
+from minillm.norms.base import Implemented, _AffineNorm, observed, register
 
 
 @register("layernorm")
@@ -122,9 +122,10 @@ class FusedRMSNorm(RMSNorm):
         return kernel.fused_rms_norm(x, *self._kernel_args())
 
     def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """(self(x + residual), x + residual) by one kernel (minillm/kernels/add_rmsnorm.py). A norm that forward
-        hooks observe (probes, histograms) gets the add and its own call instead, so each hook sees its input."""
-        if self._forward_hooks or self._forward_pre_hooks:
+        """(self(x + residual), x + residual) by one kernel (minillm/kernels/add_rmsnorm.py). A norm that hooks
+        observe (probes, histograms), and float64 (the kernel adds in fp32), get the add and the norm's own call
+        instead, so each hook sees the norm's input."""
+        if observed(self) or torch.float64 in (x.dtype, residual.dtype):
             h = x + residual
             return self(h), h
         from minillm.kernels.add_rmsnorm import fused_add_rms_norm
