@@ -261,3 +261,44 @@ def test_gpu_add_norm_under_inductor(dynamic):
     torch.testing.assert_close(loss.detach(), eager, rtol=1e-5, atol=1e-6)
     for name, g in grads.items():
         torch.testing.assert_close(compiled[name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@kernel
+def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpus):
+    """train.py end to end on a fused_rmsnorm model (the kernels interpreted): stability probes and the norms'
+    histograms every 2 steps (so the hooked norms run unfused on those steps and fused on the others), W&B on,
+    validation and the text sample (a KV-cached generation through the fused blocks); summary.json says the
+    kernel ran at every norm site and the histograms cover the feed-forward norms' inputs."""
+    import json
+    from pathlib import Path
+
+    from helpers import compose_cfg
+    from test_loggers import check_summary_is_copied
+
+    import minillm.train as train_script
+
+    cfg = compose_cfg(tmp_path, corpus, "norm=fused_rmsnorm", "logger=wandb", "trainer.max_steps=3", "test=false",
+                      "data.batch_size=4", "++callbacks.text_sample.max_new_tokens=4",
+                      "callbacks.stability.every_n_steps=2", "callbacks.histograms.every_n_steps=2")
+    train_script.train(cfg)
+    summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+    assert summary["norm_impl"] == {"fused_rmsnorm": "triton"} and summary["status"] == "completed", summary
+    assert summary["final_val_loss"] < summary["loss_init"]
+    run = check_summary_is_copied(cfg.paths.output_dir)
+    hists = [row for row in run["history"] if "hist/layers.0.ffn_norm/input/_type" in row]
+    assert [row["trainer/global_step"] for row in hists] == [0, 2]
+
+
+@kernel
+def test_flop_count_on_meta_tensors():
+    """The throughput callback counts FLOPs on meta tensors: the kernels' ops give the shapes (no launch), and the
+    count is rmsnorm's (the matmuls)."""
+    from lightning.fabric.utilities.throughput import measure_flops
+
+    def flops(norm: str) -> int:
+        with torch.device("meta"):
+            model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, max_seq_len=16, norm=norm))
+            idx = torch.randint(0, 32, (2, 16))
+        return measure_flops(model, lambda: model(idx), lambda y: y.float().square().mean())
+
+    assert flops("fused_rmsnorm") == flops("rmsnorm") > 0

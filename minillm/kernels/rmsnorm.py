@@ -351,9 +351,11 @@ class _FusedRMSNormFunction(torch.autograd.Function):
 
 
 def _eager_ok(*tensors: Tensor) -> bool:
-    """The direct path: not inside torch.compile, and plain tensors (fake, functional or other subclasses,
-    as tracers and transforms hand over, go through the registered ops)."""
-    return not torch.compiler.is_compiling() and all(type(t) in (Tensor, torch.nn.Parameter) for t in tensors)
+    """The direct path: not inside torch.compile, and plain tensors with data (fake, functional or other
+    subclasses, as tracers and transforms hand over, and meta tensors, as FLOP counters use, go through the
+    registered ops, whose fake implementations give the shapes)."""
+    return not torch.compiler.is_compiling() and all(type(t) in (Tensor, torch.nn.Parameter) and not t.is_meta
+                                                     for t in tensors)
 
 
 # ----------------------------------------------------------------------------------------------------------
