@@ -2,6 +2,8 @@
 norm, and the gradients of x, residual and the gain, with a gradient reaching the sum along the residual stream.
 Under the Triton interpreter on a CPU (tests/conftest.py), as tests/test_kernels.py."""
 
+import importlib
+
 import pytest
 import torch
 from test_kernels import DEV, DTYPES, TOL, _randn, _weight, gpu, kernel
@@ -263,7 +265,20 @@ def test_gpu_add_norm_under_inductor(dynamic):
         torch.testing.assert_close(compiled[name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _importable(*modules: str) -> bool:
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+TRAIN_PACKAGES = ("hydra", "omegaconf", "wandb", "datasets")  # a bare GPU image may lack train.py's packages
+
+
 @kernel
+@pytest.mark.skipif(not _importable(*TRAIN_PACKAGES), reason=f"train.py needs {', '.join(TRAIN_PACKAGES)}")
 def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpus):
     """train.py end to end on a fused_rmsnorm model (the kernels interpreted): stability probes and the norms'
     histograms every 2 steps (so the hooked norms run unfused on those steps and fused on the others), W&B on,

@@ -6,6 +6,7 @@
 #   bash experiments/benchmarks/gpu/plan.sh kernels  # kernel sweep: fused vs eager, F.rms_norm, torch.compile, Liger
 #   bash experiments/benchmarks/gpu/plan.sh train    # ~125M train step, rmsnorm vs fused_rmsnorm, eager and compiled
 #   bash experiments/benchmarks/gpu/plan.sh preset   # train.py trainer=gpu model=gpt125m, stability callbacks on/off
+#   bash experiments/benchmarks/gpu/plan.sh quick    # ~9 minutes: the judged parts of tests, kernels and train
 #   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
 #
 # Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
@@ -14,7 +15,7 @@
 # python -m experiments.benchmarks.gpu.merge $OUT. The scripts run as modules from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-STEP=${1:?usage: plan.sh tests|kernels|train|preset [--dry-run]}
+STEP=${1:?usage: plan.sh tests|kernels|train|preset|quick [--dry-run]}
 DRY=$([ "${2:-}" = "--dry-run" ] && echo 1 || true)
 OUT=${OUT:-/tmp/minillm-gpu/$STEP}
 PY=${PYTHON:-python3}
@@ -40,15 +41,30 @@ wheels() {  # the wheelhouse copied with the checkout into /tmp/site (the machin
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
 }
 
+environment() {  # the machine, the versions, the whole pip list
+  { date; nvidia-smi 2>&1 | head -20; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
+torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
+and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } > "$OUT/env.txt" 2>&1
+}
+kernel_tests() {  # SECONDS [pytest options]: the kernel suites on CUDA, the gpu tests, the sm_90 compile report
+  local limit=$1; shift
+  step "$limit" tests $PY -m pytest tests/test_kernels.py tests/test_add_rmsnorm.py -m "gpu or not slow" -q -rfEs \
+    -p no:cacheprovider --junitxml="$OUT/tests.xml" "$@"
+}
+
 case $STEP in
   tests)
-    { date; nvidia-smi 2>&1 | head -20; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
-torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
-and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } \
-      > "$OUT/env.txt" 2>&1
-    step 300 tests $PY -m pytest tests/test_kernels.py tests/test_add_rmsnorm.py -m "gpu or not slow" -q -rfEs -p no:cacheprovider \
-      --junitxml="$OUT/tests.xml"
+    environment
+    kernel_tests 300
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
+  quick)  # ~9 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
+    environment
+    [ -d wheelhouse ] && wheels
+    kernel_tests 120 -n 8
+    judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
+    step 180 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
+      ${DRY:+--no-compile}
+    step 210 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   kernels)
     wheels
     step 500 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels --out "$OUT" $SMOKE \
@@ -58,7 +74,7 @@ and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/nul
   preset)
     wheels
     step 480 preset $PY -m experiments.benchmarks.gpu.preset --out "$OUT" ${DRY:+--dry-run} ;;
-  *) echo "unknown step $STEP: tests | kernels | train | preset" >&2; exit 2 ;;
+  *) echo "unknown step $STEP: tests | kernels | train | preset | quick" >&2; exit 2 ;;
 esac
 echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"
 exit $status
