@@ -305,15 +305,22 @@ def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpu
 
 
 @kernel
-def test_flop_count_on_meta_tensors():
+@pytest.mark.parametrize("built_for", ["interpreter", "cuda"])
+def test_flop_count_on_meta_tensors(monkeypatch, built_for):
     """The throughput callback counts FLOPs on meta tensors: the kernels' ops give the shapes (no launch), and the
-    count is rmsnorm's (the matmuls)."""
+    count is rmsnorm's (the matmuls); also where the kernels are built for a GPU (there, the CUDA-only check once
+    refused meta tensors)."""
     from lightning.fabric.utilities.throughput import measure_flops
 
+    with torch.device("meta"):
+        models = {norm: Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, max_seq_len=16,
+                                                norm=norm)) for norm in ("fused_rmsnorm", "rmsnorm")}
+        idx = torch.randint(0, 32, (2, 16))
+    if built_for == "cuda":  # as on a GPU machine: the kernels can run, and are not interpreted
+        monkeypatch.setattr(K, "require_fused", lambda: None)
+        monkeypatch.setattr(K, "_INTERPRETED", False)
+
     def flops(norm: str) -> int:
-        with torch.device("meta"):
-            model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, max_seq_len=16, norm=norm))
-            idx = torch.randint(0, 32, (2, 16))
-        return measure_flops(model, lambda: model(idx), lambda y: y.float().square().mean())
+        return measure_flops(models[norm], lambda: models[norm](idx), lambda y: y.float().square().mean())
 
     assert flops("fused_rmsnorm") == flops("rmsnorm") > 0

@@ -95,7 +95,7 @@ def graph_ms(fn, smoke: bool) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream
         fn()
     try:
         return bench_ms(graph.replay, smoke)
@@ -138,11 +138,16 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
     provider is an add + norm: f(x, residual) -> (y, h), with upstream gradients for both outputs."""
     import torch
 
-    torch.manual_seed(0)
-    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)  # (M, N)
-    w = torch.nn.Parameter((1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16))  # (N,)
-    inputs = [x, torch.randn_like(x)] if add else [x]  # x (and the residual)
-    grads_out = [torch.randn_like(x) for _ in inputs]  # dy (and dh); Liger may write dx over dy: these are copies
+    gen = torch.Generator(device).manual_seed(0)  # its own generator: a failed graph capture leaves the default one
+    # registered to the dead capture, and every later draw from it would raise
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, generator=gen)
+
+    x = randn(m, n).to(torch.bfloat16)  # (M, N)
+    w = torch.nn.Parameter((1 + 0.1 * randn(n)).to(torch.bfloat16))  # (N,)
+    inputs = [x, randn(m, n).to(x.dtype)] if add else [x]  # x (and the residual)
+    grads_out = [randn(m, n).to(x.dtype) for _ in inputs]  # dy (and dh); Liger may write dx over dy: copies
     row = {"provider": name, "M": m, "hidden": n, "dtype": "bf16", "copy_gbps": copy}
     nbytes = {"fwd": (add_fwd_bytes if add else fwd_bytes)(m, n), "bwd": (add_bwd_bytes if add else bwd_bytes)(m, n)}
     nbytes["fwdbwd"] = nbytes["fwd"] + nbytes["bwd"]
@@ -164,9 +169,9 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
         for t in (*leaves, w):
             t.grad = None
 
-    def fwdbwd():  # fresh gradients each time (also inside a graph capture: no accumulation kernel)
-        clear()
-        torch.autograd.backward(outputs(leaves), grads_out)
+    def fwdbwd():  # the gradients returned, not accumulated into .grad: no AccumulateGrad node, whose stream (the
+        # one it was made on) a graph capture on another stream would have to wait for, failing the capture
+        return torch.autograd.grad(outputs(leaves), [*leaves, w], grads_out)
 
     def run(phase: str, measure) -> None:
         try:
@@ -201,7 +206,7 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
         run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
                                     grad_to_none=[*leaves, w]))
     out.clear()
-    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, grad_to_none=[*leaves, w]))
+    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke))
     if graphs:
         run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke))
         run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke))
