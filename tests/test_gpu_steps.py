@@ -32,6 +32,18 @@ def test_steps_of_one_device_merge_into_that_devices_report(tmp_path):
     assert path.with_suffix(".md").read_text().startswith("# First GPU contact: NVIDIA H100 80GB HBM3")
 
 
+def test_the_report_gives_the_gpu_machines_paths_relative(tmp_path):
+    """Logs name the GPU machine's files by absolute paths a reader cannot open: the report gives Python's packages
+    from site-packages/ and the checkout's files from the repository root."""
+    a = _step(tmp_path / "a", "NVIDIA H200")
+    (a / "tests.log").write_text("/opt/venv/lib/python3.12/site-packages/torch/_inductor/compile_fx.py:322: Warn\n"
+                                 'File "/srv/checkout/minillm/kernels/rmsnorm.py", line 3, in check_args\n')
+    path = merge.main([str(a), "--results", str(tmp_path / "results")])
+    text = path.with_suffix(".md").read_text()
+    assert "site-packages/torch/_inductor/compile_fx.py:322" in text and '"minillm/kernels/rmsnorm.py"' in text
+    assert "/opt/" not in text and "/srv/" not in text and "/opt/" not in path.read_text()
+
+
 def test_steps_of_two_devices_are_refused_with_one_line(tmp_path):
     a, b = _step(tmp_path / "a", "NVIDIA H100 80GB HBM3"), _step(tmp_path / "b", "NVIDIA H200")
     with pytest.raises(SystemExit) as err:

@@ -71,6 +71,13 @@ def collect(dirs: list[Path]) -> dict:
     return {"kernel": kernel, "device": next(iter(devices), None), **out}
 
 
+def relative_paths(text: str) -> str:
+    """The GPU machine's absolute paths in logs, as a reader can follow them: Python's packages from
+    site-packages/, the checkout's files from the repository root."""
+    text = re.sub(r"/[^\s:'\"()]*/(?:site|dist)-packages/", "site-packages/", text)
+    return re.sub(r"/[^\s:'\"()]*?/(?=(?:minillm|experiments|tests|scripts)/)", "", text)
+
+
 def preset_targets(runs: list[dict]) -> list[dict]:
     checks = []
     for r in runs:
@@ -131,8 +138,8 @@ def main(argv=None) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-")
     a.results.mkdir(parents=True, exist_ok=True)
     path = a.results / f"{slug}.json"
-    path.write_text(json.dumps(merged, indent=1, default=str))
-    path.with_suffix(".md").write_text(markdown(merged))
+    path.write_text(relative_paths(json.dumps(merged, indent=1, default=str)))
+    path.with_suffix(".md").write_text(re.sub(r"\n{3,}", "\n\n", relative_paths(markdown(merged))))  # no blank runs
     if kernel.get("kernels"):
         R.plot(path.with_suffix(".png"), kernel)
     print(f"wrote {path.with_suffix('')}.{{json,md{',png' if kernel.get('kernels') else ''}}}")
