@@ -13,7 +13,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED = ("s11_gain_decay/r3_dyt_trained",)
+PREREGISTERED: tuple[str, ...] = ()
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
