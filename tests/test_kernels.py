@@ -538,6 +538,18 @@ def _load(path: Path):
     return mod
 
 
+def test_benchmark_gate_counts_bf16_steps_across_binade_edges():
+    """The forward gate's distance counts the representable bf16 values between two outputs: one step between
+    neighbours, of either sign and across a binade edge, where a ulp-of-the-reference count would say 3 for 2."""
+    from experiments.benchmarks.kernels.bench import bf16_order
+
+    bits = torch.arange(0, 0x7F80, dtype=torch.int32)  # every finite non-negative bf16, in increasing order
+    values = bits.to(torch.int16).view(torch.bfloat16)
+    assert torch.equal(bf16_order(values), bits) and torch.equal(bf16_order(-values[1:]), -bits[1:])
+    edge = bf16_order(torch.tensor([2 - 2**-7, 2 + 2**-6], dtype=torch.bfloat16))
+    assert (edge[1] - edge[0]).item() == 2
+
+
 def test_benchmark_report_judges_targets():
     """report.py: merge by key, PASS/FAIL with margins on the targets, FAIL cells for errors."""
     R = _load(ROOT / "experiments" / "benchmarks" / "kernels" / "report.py")

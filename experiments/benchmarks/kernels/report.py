@@ -68,10 +68,10 @@ def _frac(fused: dict, phase: str, target: float) -> tuple[str, str, bool | None
 
 
 def _gate_value(f: dict) -> str:
-    """The forward gate's cell: the largest difference, and where the 2-ulp bound was passed."""
+    """The forward gate's cell: the largest difference, and where the 2-step bound was passed."""
     value = f"max abs diff {f['max_abs_diff_vs_eager']:.3g}"
-    if b := f.get("beyond_2_ulps"):
-        value += f"; {b['elements']} elements in {b['rows']} rows beyond 2 ulps (worst {b['worst_ulps']:.1f})"
+    if b := f.get("beyond_2_steps"):
+        value += f"; {b['elements']} elements in {b['rows']} rows beyond 2 steps (worst {b['worst_steps']})"
     return value
 
 
@@ -89,7 +89,7 @@ def judge(report: dict) -> list[dict]:
     for f in fused_rows:
         m, n = f["M"], f["hidden"]
         if "matches_eager" in f:
-            add("fwd matches eager (<= 2 bf16 ulps)", m, n, _gate_value(f), "",
+            add("fwd matches eager (<= 2 bf16 steps)", m, n, _gate_value(f), "",
                 f["matches_eager"])
         if m < BIG_M:
             continue
@@ -104,7 +104,7 @@ def judge(report: dict) -> list[dict]:
     for f in sorted((r for r in add_by.values() if r["provider"] == "fused_add"), key=lambda r: (r["M"], r["hidden"])):
         m, n = f["M"], f["hidden"]
         if "matches_eager" in f:
-            add("fused add + norm fwd matches eager (<= 2 bf16 ulps)", m, n,
+            add("fused add + norm fwd matches eager (<= 2 bf16 steps)", m, n,
                 _gate_value(f), "", f["matches_eager"])
         if m >= BIG_M:
             for phase, title in (("fwd", "fwd"), ("fwdbwd", "fwd+bwd")):
