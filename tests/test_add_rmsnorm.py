@@ -269,7 +269,7 @@ def _importable(*modules: str) -> bool:
     try:
         for module in modules:
             importlib.import_module(module)
-    except ImportError:
+    except Exception:  # not installed, or failing at import (a version clash) on a bare GPU image
         return False
     return True
 

@@ -73,9 +73,22 @@ def collect(dirs: list[Path]) -> dict:
 
 def relative_paths(text: str) -> str:
     """The GPU machine's absolute paths in logs, as a reader can follow them: Python's packages from
-    site-packages/, the checkout's files from the repository root."""
-    text = re.sub(r"/[^\s:'\"()]*/(?:site|dist)-packages/", "site-packages/", text)
-    return re.sub(r"/[^\s:'\"()]*?/(?=(?:minillm|experiments|tests|scripts)/)", "", text)
+    site-packages/, the checkout's source files from the repository root. Only whole absolute paths are
+    rewritten (not URLs or relative paths)."""
+    start, part = r"(?<![\w.:/\\-])/", r"[^\s:'\"()\\]"
+    text = re.sub(start + part + r"*?/(?:site|dist)-packages/", "site-packages/", text)
+    return re.sub(start + part + r"*?/(?=(?:minillm|experiments|tests|scripts)/[\w/.-]*\.(?:py|sh)\b)", "", text)
+
+
+def _relative_everywhere(obj):
+    """relative_paths on every string of a merged report (before it is written: the JSON and the markdown agree)."""
+    if isinstance(obj, str):
+        return relative_paths(obj)
+    if isinstance(obj, dict):
+        return {k: _relative_everywhere(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relative_everywhere(v) for v in obj]
+    return obj
 
 
 def preset_targets(runs: list[dict]) -> list[dict]:
@@ -130,7 +143,7 @@ def main(argv=None) -> Path:
     p.add_argument("dirs", nargs="+", type=Path)
     p.add_argument("--results", type=Path, default=HERE / "results", help="where <device>.{json,md,png} go")
     a = p.parse_args(argv)
-    merged = collect(a.dirs)
+    merged = _relative_everywhere(collect(a.dirs))
     kernel = merged["kernel"]
     kernel["targets"] = R.judge(kernel) if kernel else []
     merged["targets"] = kernel["targets"] + preset_targets(merged["preset"])
@@ -138,8 +151,8 @@ def main(argv=None) -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-")
     a.results.mkdir(parents=True, exist_ok=True)
     path = a.results / f"{slug}.json"
-    path.write_text(relative_paths(json.dumps(merged, indent=1, default=str)))
-    path.with_suffix(".md").write_text(re.sub(r"\n{3,}", "\n\n", relative_paths(markdown(merged))))  # no blank runs
+    path.write_text(json.dumps(merged, indent=1, default=str))
+    path.with_suffix(".md").write_text(re.sub(r"\n{3,}", "\n\n", markdown(merged)))  # no runs of blank lines
     if kernel.get("kernels"):
         R.plot(path.with_suffix(".png"), kernel)
     print(f"wrote {path.with_suffix('')}.{{json,md{',png' if kernel.get('kernels') else ''}}}")

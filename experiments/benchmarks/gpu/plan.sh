@@ -58,8 +58,8 @@ case $STEP in
     kernel_tests 300
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
   quick)  # ~9 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
-    environment
     [ -d wheelhouse ] && wheels
+    environment  # after the wheels: the pip list names what the run imports
     kernel_tests 120 -n 8
     judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
     step 180 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
