@@ -60,11 +60,11 @@ case $STEP in
   quick)  # ~9 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
     [ -d wheelhouse ] && wheels
     environment  # after the wheels: the pip list names what the run imports
-    kernel_tests 120 -n 8
+    kernel_tests 150 -n 8  # 110 s on an H200
     judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
-    step 180 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
+    step 150 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
       ${DRY:+--no-compile}
-    step 210 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
+    step 240 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   kernels)
     wheels
     step 500 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels --out "$OUT" $SMOKE \
