@@ -522,11 +522,11 @@ def test_benchmark_smoke(tmp_path):
     run("--mode", "kernels", "--providers", "fused", "--hidden", "32")
     assert {p.suffix for p in tmp_path.glob("cpu-interpreter-smoke.*")} >= {".json", ".md", ".png"}
     report = json.loads((tmp_path / "cpu-interpreter-smoke.json").read_text())
-    assert len(report["kernels"]) == 6 and len(report["train_step"]) == 4 and report["tune"]
+    assert len(report["kernels"]) == 8 and len(report["train_step"]) == 6 and report["tune"]
     assert {r["provider"] for r in report["add_kernels"]} >= {"fused_add", "add+fused", "add+eager"}
     assert all(r.get("fwdbwd_ms") for r in report["add_kernels"])
     assert {(r["norm"], r["precision"]) for r in report["train_step"]} == {
-        (n, p) for n in ("rmsnorm", "fused_rmsnorm") for p in ("bf16-mixed", "bf16-true")}
+        (n, p) for n in ("rmsnorm", "fused_rmsnorm", "layernorm") for p in ("bf16-mixed", "bf16-true")}
     assert all(r.get("fwd_ms") and r.get("bwd_ms") and r.get("fwdbwd_ms") for r in report["kernels"])
     assert "| fwd matches eager" in (tmp_path / "cpu-interpreter-smoke.md").read_text()
 

@@ -6,7 +6,7 @@
 #   bash experiments/benchmarks/gpu/plan.sh kernels  # kernel sweep: fused vs eager, F.rms_norm, torch.compile, Liger
 #   bash experiments/benchmarks/gpu/plan.sh train    # ~125M train step, rmsnorm vs fused_rmsnorm, eager and compiled
 #   bash experiments/benchmarks/gpu/plan.sh preset   # train.py trainer=gpu model=gpt125m, stability callbacks on/off
-#   bash experiments/benchmarks/gpu/plan.sh quick    # ~9 minutes: the judged parts of tests, kernels and train
+#   bash experiments/benchmarks/gpu/plan.sh quick    # ~8.5 minutes: the judged parts of tests, kernels and train
 #   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
 #
 # Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
@@ -57,14 +57,14 @@ case $STEP in
     environment
     kernel_tests 300
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
-  quick)  # ~9 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
+  quick)  # ~8.5 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
     [ -d wheelhouse ] && wheels
     environment  # after the wheels: the pip list names what the run imports
     kernel_tests 150 -n 8  # 110 s on an H200
     judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
     step 150 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
       ${DRY:+--no-compile}
-    step 240 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
+    step 330 train $PY -m experiments.benchmarks.kernels.bench --mode train --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   kernels)
     wheels
     step 500 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels --out "$OUT" $SMOKE \

@@ -32,6 +32,8 @@ def make_providers(use_compile: bool, only=None) -> dict:
         "fused": lambda w, eps: lambda x: fused_rms_norm(x, w, eps, cast="llama"),
         "eager": lambda w, eps: lambda x: composite(x, w, eps),
         "F.rms_norm": lambda w, eps: lambda x: F.rms_norm(x, (x.shape[-1],), w, eps),
+        # not RMSNorm: LayerNorm (gain, no bias) by torch's fused kernel, for "is RMSNorm faster?" with named kernels
+        "F.layer_norm": lambda w, eps: lambda x: F.layer_norm(x, (x.shape[-1],), w, None, eps),
     }
     if use_compile:
         compiled = torch.compile(composite, dynamic=False)

@@ -1,5 +1,6 @@
 """The end-to-end train step of the kernel benchmark (``bench.py --mode train``): a ~125M LLaMA-style model,
-rmsnorm vs fused_rmsnorm (with and without the fused residual add), eager and compiled, bf16-mixed and bf16-true.
+rmsnorm vs fused_rmsnorm (with and without the fused residual add) and layernorm, eager and compiled, bf16-mixed and
+bf16-true.
 Imports only torch and minillm's model (the MFU count imports lightning, and is left out where it does not)."""
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ def bench_train(args, device: str, save) -> None:
         batch, steps, warmup = args.train_batch, args.train_steps, 5
     peak = peak_flops(device)
     # most valuable first (a time limit loses the last): the compiled rows the targets judge, the fused kernel first;
-    # what the fused residual add alone buys, compiled only
+    # what the fused residual add alone buys, compiled only; LayerNorm (torch's kernel eager) for "is RMSNorm faster?"
     compiles = (True, False) if not args.no_compile else (False,)
     order = [(norm, compiled, precision) for compiled in compiles for precision in ("bf16-mixed", "bf16-true")
-             for norm in ("fused_rmsnorm", ADD_UNFUSED, "rmsnorm") if compiled or norm != ADD_UNFUSED]
+             for norm in ("fused_rmsnorm", ADD_UNFUSED, "rmsnorm", "layernorm") if compiled or norm != ADD_UNFUSED]
     for norm, compiled, precision in order:
         try:
             row = train_one(device, kw, norm, compiled, batch, steps, warmup, peak, precision)
