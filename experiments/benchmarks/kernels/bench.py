@@ -286,7 +286,7 @@ def tune_candidates(n: int) -> list[tuple[int, int, int, int]]:
 
 def bench_tune(args, device: str, copy: float, save) -> None:
     """Backward alone (kernels + the partials' sum) for each candidate config, and for the wide-row
-    two-kernel path at hidden > MAX_ONEPASS_HIDDEN."""
+    two-kernel path at hidden > MAX_ONEPASS_HIDDEN; each also with the fused residual add's gradient (dh)."""
     import torch
 
     from minillm.kernels import rmsnorm as K
@@ -298,6 +298,7 @@ def bench_tune(args, device: str, copy: float, save) -> None:
         torch.manual_seed(0)
         x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
         dy, w = torch.randn_like(x), (1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16)
+        dh = torch.randn_like(x)  # the fused residual add's backward: the gradient reaching h along the stream
         rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
         current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
         cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
@@ -312,12 +313,15 @@ def bench_tune(args, device: str, copy: float, save) -> None:
                 ms = bench_ms(lambda a=(dy, x, w, rstd): K._bwd(*a, 0.0, "llama", K._direct), args.smoke)
                 gbps = bwd_bytes(m, n) / (ms * 1e-3) / 1e9
                 row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
+                ms = bench_ms(lambda a=(dy, x, w, rstd), r=dh: K._bwd(*a, 0.0, "llama", K._direct, dh=r), args.smoke)
+                row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
             except Exception as e:
                 row["bwd_error"] = error_line(e)
             finally:
                 K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
-            print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%})"
-                  if "bwd_ms" in row else f"FAIL {row['bwd_error']}"), flush=True)
+            print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%}), with "
+                  f"the add {row['add_bwd_ms']:.4f} ms" if "add_bwd_ms" in row else f"FAIL {row['bwd_error']}"),
+                  flush=True)
             save("tune", [row])
 
 

@@ -182,7 +182,8 @@ def _tune_lines(tune: list[dict]) -> list[str]:
     if not tune:
         return []
     lines = ["", "## One-pass backward tunables (`--tune`; config = ROWS, num_warps, programs/SM, STAGES)", "",
-             "| hidden | M | config | bwd ms | GB/s | % copy | |", "|---|---|---|---|---|---|---|"]
+             "| hidden | M | config | bwd ms | GB/s | % copy | with the add: ms, % copy | |",
+             "|---|---|---|---|---|---|---|---|"]
     best = {}
     for r in tune:
         if r.get("bwd_ms") is not None and (r["hidden"] not in best or r["bwd_ms"] < best[r["hidden"]]["bwd_ms"]):
@@ -190,10 +191,11 @@ def _tune_lines(tune: list[dict]) -> list[str]:
     for r in sorted(tune, key=lambda r: (r["hidden"], r.get("bwd_ms") or float("inf"))):
         mark = "best" if best.get(r["hidden"]) is r else ("current" if r.get("current") else "")
         if r.get("bwd_ms") is None:
-            lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | FAIL: {r.get('bwd_error')} | | | |")
+            lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | FAIL: {r.get('bwd_error')} | | | | |")
         else:
+            add = f"{r['add_bwd_ms']:.4f}, {r['add_bwd_frac']:.0%}" if r.get("add_bwd_ms") is not None else "-"
             lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | {r['bwd_ms']:.4f} | {r['bwd_gbps']:.0f} | "
-                         f"{r['bwd_frac']:.0%} | {mark} |")
+                         f"{r['bwd_frac']:.0%} | {add} | {mark} |")
     lines += ["", "Best per hidden: " + ", ".join(f"{h}: {b['config']}" for h, b in sorted(best.items()))]
     return lines
 
