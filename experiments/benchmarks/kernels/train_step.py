@@ -69,7 +69,9 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
         block.fused_add = block.fused_add and norm != ADD_UNFUSED
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device == "cuda")
     fwd = torch.compile(model) if compiled else model
-    idx = torch.randint(V, (batch, T + 1), device=device)
+    # drawn on the CPU: a graph capture that failed earlier in the process (--mode all) leaves CUDA's default
+    # generator unusable
+    idx = torch.randint(V, (batch, T + 1), generator=torch.Generator().manual_seed(0)).to(device)
     inp, tgt = idx[:, :-1], idx[:, 1:]
     if device == "cuda":
         torch.cuda.synchronize()
