@@ -303,6 +303,7 @@ def bench_tune(args, device: str, copy: float, save) -> None:
         current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
         cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
         cands = list(dict.fromkeys(([current] if current != "two-kernel" else []) + cands))
+        reference = None  # the two-kernel path's (dx, dw), timed first
         for config in ["two-kernel", *cands]:
             row = {"config": str(config), "M": m, "hidden": n, "current": config == current, "copy_gbps": copy}
             try:
@@ -315,6 +316,10 @@ def bench_tune(args, device: str, copy: float, save) -> None:
                 row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
                 ms = bench_ms(lambda a=(dy, x, w, rstd), r=dh: K._bwd(*a, 0.0, "llama", K._direct, dh=r), args.smoke)
                 row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
+                grads = K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)  # agreement with the two-kernel path
+                reference = reference if config != "two-kernel" else grads
+                row.update({f"{name}_vs_two_kernel": ((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                            for name, g, r in zip(("dx", "dw"), grads, reference)})
             except Exception as e:
                 row["bwd_error"] = error_line(e)
             finally:
