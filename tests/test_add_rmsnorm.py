@@ -292,7 +292,9 @@ def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpu
 
     import minillm.train as train_script
 
+    accelerator = "cpu" if K._interpreting() else "gpu"  # where the kernels run: the interpreter, or a GPU
     cfg = compose_cfg(tmp_path, corpus, "norm=fused_rmsnorm", "logger=wandb", "trainer.max_steps=3", "test=false",
+                      f"trainer.accelerator={accelerator}",
                       "data.batch_size=4", "++callbacks.text_sample.max_new_tokens=4",
                       "callbacks.stability.every_n_steps=2", "callbacks.histograms.every_n_steps=2")
     train_script.train(cfg)
@@ -302,6 +304,24 @@ def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpu
     run = check_summary_is_copied(cfg.paths.output_dir)
     hists = [row for row in run["history"] if "hist/layers.0.ffn_norm/input/_type" in row]
     assert [row["trainer/global_step"] for row in hists] == [0, 2]
+
+
+@kernel
+def test_fused_norm_on_a_cpu_trainer_where_kernels_are_built_for_cuda_is_a_config_error(monkeypatch):
+    """On a GPU machine, norm=fused_rmsnorm with trainer.accelerator=cpu is refused before training with one
+    line (it once failed inside the first forward: the kernel takes CUDA tensors); interpreted kernels take CPU
+    tensors, so there it is allowed."""
+    from minillm.errors import ConfigError
+    from minillm.run.checks import check_fused_norm
+
+    c = {"model": {"norm": "fused_rmsnorm"}, "trainer": {"accelerator": "cpu"}}
+    check_fused_norm(c)  # interpreted here: the CPU is where the kernels run
+    monkeypatch.setattr(K, "require_fused", lambda: None)  # as on a GPU machine
+    monkeypatch.setattr(K, "_INTERPRETED", False)
+    with pytest.raises(ConfigError, match=r"^norm=fused_rmsnorm with trainer.accelerator=cpu is invalid: .*"
+                                          r"allowed: trainer=gpu"):
+        check_fused_norm(c)
+    check_fused_norm({**c, "trainer": {"accelerator": "gpu"}})
 
 
 @kernel

@@ -141,12 +141,15 @@ def check_fused_norm(c: dict) -> None:
     asked = "norm=fused_rmsnorm" if "fused_rmsnorm" in names else (
         "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None)
     if asked:
-        from minillm.kernels.rmsnorm import require_fused
+        from minillm.kernels import rmsnorm as kernel
 
         try:
-            require_fused()
+            kernel.require_fused()
         except RuntimeError as err:
             raise ConfigError(f"{asked}: {err}") from None
+        if (c.get("trainer") or {}).get("accelerator") == "cpu" and not kernel._interpreting():
+            raise ConfigError(f"{asked} with trainer.accelerator=cpu is invalid: the kernel runs on CUDA tensors; "
+                              "allowed: trainer=gpu (or trainer.accelerator=gpu|auto), or norm=rmsnorm on the CPU")
 
 
 def check_model_early(cfg: DictConfig) -> None:
