@@ -108,6 +108,15 @@ def test_5x123x123(dtype):  # an odd 3-D shape: ~5 s per dtype under the interpr
 
 
 @kernel
+def test_widest_one_pass_backward():
+    """Hidden 16384, the widest row of the one-pass backward (32 warps, one program per SM; the GPU benchmark's
+    tune also checks it against the two-kernel path), against the float64 reference."""
+    torch.manual_seed(9)
+    assert K.MAX_ONEPASS_HIDDEN == 16384
+    _check(_randn(3, 16384), _weight(16384, 0.0), _randn(3, 16384))
+
+
+@kernel
 def test_eps_is_used_in_fp32():
     torch.manual_seed(3)
     x = _randn(4, 32, scale=1e-3)  # mean(x^2) ~ 1e-6, comparable to eps
@@ -434,13 +443,15 @@ def test_kernels_compile_for_sm90():
                          timeout=300, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout.splitlines()[-1])
-    assert {r["kernel"] for r in rows} >= {"fwd", "bwd", "bwd_dx", "bwd_dw", "add_fwd", "add_bwd", "add_bwd_dx"}
+    assert {r["kernel"] for r in rows} >= {"fwd", "bwd", "bwd_dx_loop", "bwd_dw", "add_fwd", "add_bwd",
+                                           "add_bwd_dx_loop"}
     for r in rows:
         kind = r["kernel"].removeprefix("add_")  # the fused residual add's variants are checked as the plain ones
         print(f"{r['kernel']:>7} hidden {r['hidden']:>5}: {r['registers']:>3} registers, {r['num_warps']:>2} warps, "
               f"accesses {r['accesses']}")
         where = f"{r['kernel']} at hidden {r['hidden']}: {r}"
-        assert r["spill_bytes"] == 0 and not r["local_memory"], f"spills in {where}"
+        if not (kind == "bwd" and r["hidden"] == 16384):  # the one spill allowed: measured faster (BWD_CONFIGS)
+            assert r["spill_bytes"] == 0 and not r["local_memory"], f"spills in {where}"
         acc = r["accesses"]
         assert acc.get("ld128", 0) + acc.get("cp.async128", 0) >= 1, f"no 128-bit loads in {where}"
         assert not any(k in acc for k in ("ld8", "ld16", "st8", "st16")), f"sub-word accesses in {where}"

@@ -33,7 +33,7 @@ POINTERS = {"X": "bf16", "R": "bf16", "Y": "bf16", "H": "bf16", "DY": "bf16", "D
             "RSTD": "fp32", "PARTIAL": "fp32"}
 FLOATS = ("eps", "offset")
 M = 16384  # rows (divisible by 16, as in the benchmark)
-HIDDEN = (1024, 2048, 4096, 8192, 16384)  # one-pass and wide-row kernels (the default test)
+HIDDEN = (1024, 2048, 4096, 8192, 16384, 32768)  # one-pass and wide-row kernels (the default test)
 ALL_HIDDEN = (256, 512, *HIDDEN)
 H100_SMS = 132  # for the wide-row dW grid
 
