@@ -64,15 +64,15 @@ INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
 # (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES). Each thread holds
 # ROWS * BLOCK / (32 * num_warps) = 8-16 elements of x, of dy and of the fp32 dW accumulator. Programs per SM:
 # what one SM's 64K registers hold, from the register count of an offline sm_90 compile of the kernel as it
-# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 107 / 110
-# registers from BLOCK 256 to 8192 with Triton 3.9 (the fused add's variant: 96 / 100 / 114 / 64 / 111 / 107);
-# tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill (but the one at 16384,
-# below) or on programs per SM that do not fit. STAGES > 1 would prefetch the next rows into shared memory (cp.async) while
-# the current row is reduced; timed on an H200 (bench.py --mode tune, M 32K, bf16, Triton 3.6) it lost to
-# STAGES = 1 in every pair: 0.2544 -> 0.2477 ms at 4096 (8 warps, 2 per SM) and 0.5474 -> 0.5121 ms at 8192
-# (16 warps, 1 per SM); the configs below were the fastest measured, or within 1% of it, at every width timed
-# (1024-16384; experiments/benchmarks/gpu/results/NVIDIA-H200.md). Set MAX_ONEPASS_HIDDEN = 8192 to give hidden
-# 16384 the two-kernel path again on a GPU where the spilling one-pass kernel measures slower.
+# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 107 / 110 / 64
+# registers from BLOCK 256 to 16384 with Triton 3.9 (the fused add's variant: 96 / 100 / 114 / 64 / 111 / 107 /
+# 64); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill (but the one at
+# 16384, below) or on programs per SM that do not fit. STAGES > 1 would prefetch the next rows into shared memory
+# (cp.async) while the current row is reduced; timed on an H200 (bench.py --mode tune, M 32K, bf16, Triton
+# 3.6) it lost to STAGES = 1 in every pair: 0.2544 -> 0.2477 ms at 4096 (8 warps, 2 per SM) and 0.5474 ->
+# 0.5121 ms at 8192 (16 warps, 1 per SM); the configs below were the fastest measured, or within 1% of it, at
+# every width timed (1024-16384; experiments/benchmarks/gpu/results/NVIDIA-H200.md). Set MAX_ONEPASS_HIDDEN =
+# 8192 to give hidden 16384 the two-kernel path again on a GPU where the spilling one-pass kernel is slower.
 BWD_CONFIGS = (
     (256, 8, 4, 4, 1),
     (512, 4, 4, 4, 1),

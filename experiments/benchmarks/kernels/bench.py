@@ -318,8 +318,8 @@ def bench_tune(args, device: str, copy: float, save) -> None:
                 row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
                 grads = K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)  # agreement with the two-kernel path
                 reference = reference if config != "two-kernel" else grads
-                row.update({f"{name}_vs_two_kernel": ((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
-                            for name, g, r in zip(("dx", "dw"), grads, reference)})
+                row.update({f"{name}_vs_two_kernel": ((g.float() - r.float()).abs().max() / r.float().abs().max())
+                            .item() for name, g, r in zip(("dx", "dw"), grads, reference, strict=True)})
             except Exception as e:
                 row["bwd_error"] = error_line(e)
             finally:
