@@ -539,6 +539,9 @@ def test_benchmark_smoke(tmp_path):
     assert {(r["norm"], r["precision"]) for r in report["train_step"]} == {
         (n, p) for n in ("rmsnorm", "fused_rmsnorm", "layernorm") for p in ("bf16-mixed", "bf16-true")}
     assert all(r.get("fwd_ms") and r.get("bwd_ms") and r.get("fwdbwd_ms") for r in report["kernels"])
+    assert all(len(r["window_ms"]) == 4 and min(r["window_ms"]) <= r["step_ms"] <= max(r["window_ms"])
+               for r in report["train_step"])  # windows synchronized at their ends, the median reported
+    assert all(r["dx_vs_two_kernel"] < 0.01 and r["dw_vs_two_kernel"] < 0.01 for r in report["tune"])
     assert "| fwd matches eager" in (tmp_path / "cpu-interpreter-smoke.md").read_text()
 
 

@@ -42,7 +42,7 @@ wheels() {  # the wheelhouse copied with the checkout into /tmp/site (the machin
 }
 
 environment() {  # the machine, the versions, the whole pip list
-  { date; nvidia-smi 2>&1 | head -20; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
+  { date; nvidia-smi 2>&1 | head -20; echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo)"; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
 and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } > "$OUT/env.txt" 2>&1
 }

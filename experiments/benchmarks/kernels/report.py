@@ -207,7 +207,9 @@ def _train_lines(train: list[dict]) -> list[str]:
              "`bf16-mixed`: fp32 weights under bf16 autocast, so the residual stream and the norms' inputs stay fp32; "
              "`bf16-true`: the model in bf16, the setting where a bf16 norm kernel reads and writes bf16. MFU counts "
              "attention over all T keys (12 L C T per token, as PaLM and nanoGPT do), in brackets over the keys a "
-             "causal mask keeps (6 L C (T + 1)); the target is judged on the causal count.", "",
+             "causal mask keeps (6 L C (T + 1)); the target is judged on the causal count. ms/step: the median of "
+             "windows of steps synchronized at their ends where a row has `window_ms`, else (older rows) the median "
+             "of steps each synchronized.", "",
              "| norm | compiled | precision | params (M) | batch x T | ms/step | tokens/s | MFU | peak GiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in train:

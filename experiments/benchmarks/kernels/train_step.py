@@ -11,6 +11,7 @@ import time
 from experiments.common.failure import failure
 
 ADD_UNFUSED = "fused_rmsnorm, add unfused"  # the kernel for every norm, the Pre-LN residual adds as torch ops
+WINDOWS = 4  # timed windows per configuration (the median is reported)
 
 
 def peak_flops(device: str) -> float | None:
@@ -54,7 +55,10 @@ def bench_train(args, device: str, save) -> None:
 
 def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, steps: int, warmup: int,
               peak: float | None, precision: str = "bf16-mixed") -> dict:
-    """Median train-step time of one configuration; everything it allocates is freed on return. ``precision``:
+    """Train-step time of one configuration: the median over WINDOWS windows of steps // WINDOWS steps each, the
+    device synchronized only at a window's ends (as in training, the host queues the next step's kernels while the
+    GPU runs; a synchronization after every step would add the host's launch time to every eager step, which
+    then measures the host CPU more than the kernels). Everything it allocates is freed on return. ``precision``:
     bf16-mixed (fp32 weights, bf16 autocast: the residual stream is fp32) or bf16-true (the model in bf16)."""
     import torch
     import torch.nn.functional as F
@@ -76,21 +80,31 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(warmup + steps):
+
+    def sync() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step() -> torch.Tensor:
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             logits = fwd(inp)  # (B, T, V)
         loss = F.cross_entropy(logits.float().view(-1, V), tgt.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
+        return loss
+
+    for _ in range(warmup):  # compilation, autotuning, allocator warm-up
+        step()
+    per_window = max(1, steps // WINDOWS)
+    times = []
+    for _ in range(WINDOWS):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(per_window):
+            loss = step()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3 / per_window)
     ms = statistics.median(times)
     tok_s = batch * T / (ms * 1e-3)
     try:
@@ -101,7 +115,7 @@ def train_one(device: str, kw: dict, norm: str, compiled: bool, batch: int, step
     except Exception:
         flops = causal = None
     return {"norm": norm, "compiled": compiled, "precision": precision, "params_M": model.num_params() / 1e6,
-            "batch": batch, "seq_len": T, "step_ms": ms, "tokens_per_s": tok_s, "loss": loss.item(),
+            "batch": batch, "seq_len": T, "step_ms": ms, "window_ms": times, "tokens_per_s": tok_s, "loss": loss.item(),
             "flops_per_s": flops, "peak_flops": peak, "mfu": flops / peak if flops and peak else None,
             "mfu_causal": causal / peak if causal and peak else None,
             "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
