@@ -315,9 +315,10 @@ def test_fused_norm_on_a_cpu_trainer_where_kernels_are_built_for_cuda_is_a_confi
     from minillm.run.checks import check_fused_norm
 
     c = {"model": {"norm": "fused_rmsnorm"}, "trainer": {"accelerator": "cpu"}}
-    check_fused_norm(c)  # interpreted here: the CPU is where the kernels run
-    monkeypatch.setattr(K, "require_fused", lambda: None)  # as on a GPU machine
-    monkeypatch.setattr(K, "_INTERPRETED", False)
+    monkeypatch.setattr(K, "require_fused", lambda: None)  # the kernels can run (on a GPU, or interpreted)
+    monkeypatch.setattr(K, "_INTERPRETED", True)
+    check_fused_norm(c)  # interpreted: the CPU is where the kernels run
+    monkeypatch.setattr(K, "_INTERPRETED", False)  # built for CUDA
     with pytest.raises(ConfigError, match=r"^norm=fused_rmsnorm with trainer.accelerator=cpu is invalid: .*"
                                           r"allowed: trainer=gpu"):
         check_fused_norm(c)

@@ -36,6 +36,7 @@ M = 16384  # rows (divisible by 16, as in the benchmark)
 HIDDEN = (1024, 2048, 4096, 8192, 16384, 32768)  # one-pass and wide-row kernels (the default test)
 ALL_HIDDEN = (256, 512, *HIDDEN)
 H100_SMS = 132  # for the wide-row dW grid
+TWO_KERNEL_ALSO = (16384,)  # widths also compiled on the two-kernel path: the fallback of MAX_ONEPASS_HIDDEN = 8192
 
 
 def cases(hidden=HIDDEN) -> list[tuple]:
@@ -54,11 +55,11 @@ def cases(hidden=HIDDEN) -> list[tuple]:
                 rows, warps, _per_sm, stages = K.bwd_config(n)
                 out.append((f"{add}bwd", K._bwd_kernel, n, dict(BLOCK=triton.next_power_of_2(n), ROWS=rows,
                                                                  STAGES=stages, RESIDUAL=residual), warps, ints))
-            else:
+            if n > K.MAX_ONEPASS_HIDDEN or n in TWO_KERNEL_ALSO:
                 dx = K._bwd_dx_loop_kernel if looped else K._bwd_dx_kernel
                 out.append((f"{add}bwd_dx" + "_loop" * looped, dx, n, dict(BLOCK=block, RESIDUAL=residual),
                             K._num_warps(block), ints))
-        if n > K.MAX_ONEPASS_HIDDEN:
+        if n > K.MAX_ONEPASS_HIDDEN or n in TWO_KERNEL_ALSO:
             rows_per_program = K._dw_grid(M, n, H100_SMS)[1]
             out.append(("bwd_dw", K._bwd_dw_kernel, n, dict(BLOCK_ROWS=K.DW_BLOCK_ROWS, BLOCK_COLS=K.DW_BLOCK_COLS),
                         4, {**ints, "rows_per_program": rows_per_program}))

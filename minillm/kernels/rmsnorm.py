@@ -15,9 +15,10 @@ Kernel layout (docs/kernels.md has the reasoning and the traps):
             written to a new tensor (never over dy) and dW += dy * x_hat accumulates in fp32 registers. Each
             program writes its row of a (P, hidden) fp32 buffer (every row written, zeros when it had no rows);
             one fp32 sum(0), then a cast to the weight dtype. Bytes: read x, dy (2*M*N*es), write dx (M*N*es).
-  wide rows above MAX_ONEPASS_HIDDEN (the dW accumulator no longer fits in registers): a dx kernel (one row
-            per program, looped over LOOP_BLOCK chunks when wider than MAX_FUSED_HIDDEN) and a dW kernel on a
-            grid of (row groups x column tiles); they read x and dy twice (5*M*N*es bytes instead of 3).
+  wide rows above MAX_ONEPASS_HIDDEN (16384: the dW accumulator spills there already, yet one pass measured
+            faster): a dx kernel (one row per program, looped over LOOP_BLOCK chunks when wider than
+            MAX_FUSED_HIDDEN) and a dW kernel on a grid of (row groups x column tiles); they read x and dy twice
+            (5*M*N*es bytes instead of 3).
 Rows use 64-bit offsets, eps and offset are cast to fp32 inside the kernels, only block sizes and the cast
 mode are constexpr. The kernels are registered as ``minillm::rms_norm_fwd`` / ``minillm::rms_norm_bwd``
 (``torch.library.triton_op`` on a GPU, an opaque ``custom_op`` under the interpreter), with autograd, so
@@ -80,8 +81,8 @@ BWD_CONFIGS = (
     (2048, 1, 8, 4, 1),
     (4096, 1, 8, 2, 1),
     (8192, 1, 16, 1, 1),
-    (16384, 1, 32, 1, 1),  # spills 212 bytes per thread (sm_90), but on an H200 (M 32K) 1.233 ms against the
-)  # two-kernel path's 1.374, 1.396 against 1.602 with the fused add's gradient, agreeing to bf16 rounding
+    (16384, 1, 32, 1, 1),  # spills 212 bytes per thread (220 with the add; sm_90), but on an H200 (M 32K) 1.233 ms
+)  # against the two-kernel path's 1.374, and 1.396 against 1.602 with the fused add's gradient
 
 
 # ----------------------------------------------------------------------------------------------------------

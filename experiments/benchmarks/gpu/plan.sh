@@ -42,7 +42,7 @@ wheels() {  # the wheelhouse copied with the checkout into /tmp/site (the machin
 }
 
 environment() {  # the machine, the versions, the whole pip list
-  { date; nvidia-smi 2>&1 | head -20; echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo)"; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
+  { date; nvidia-smi 2>&1 | head -20; echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo || lscpu | grep -m1 'Model name')"; $PY -c "import sys, torch, triton; print(sys.version); print('torch',
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
 and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } > "$OUT/env.txt" 2>&1
 }
@@ -57,7 +57,7 @@ case $STEP in
     environment
     kernel_tests 300
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
-  quick)  # ~8.5 minutes for a short slot: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
+  quick)  # ~8.5 minutes for a short session: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
     [ -d wheelhouse ] && wheels
     environment  # after the wheels: the pip list names what the run imports
     kernel_tests 150 -n 8  # 110 s on an H200

@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
     p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
     p.add_argument("--train-batch", type=int, default=8, help="sequences of 1024 tokens per train step")
-    p.add_argument("--train-steps", type=int, default=20, help="timed train steps (after 5 warm-up steps)")
+    p.add_argument("--train-steps", type=int, default=20,
+                   help="timed train steps (after 5 warm-up steps), in 4 windows of steps // 4 (at least 1)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "minillm_kernel_bench",
                    help="output folder (default: %(default)s; commit a copy of what you mean to keep)")
     p.add_argument("--fresh", action="store_true", help="ignore rows already in the output folder")
@@ -303,7 +304,7 @@ def bench_tune(args, device: str, copy: float, save) -> None:
         current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
         cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
         cands = list(dict.fromkeys(([current] if current != "two-kernel" else []) + cands))
-        reference = None  # the two-kernel path's (dx, dw), timed first
+        reference = None  # the two-kernel path's gradients (timed first; a config is compared when it ran)
         for config in ["two-kernel", *cands]:
             row = {"config": str(config), "M": m, "hidden": n, "current": config == current, "copy_gbps": copy}
             try:
@@ -316,17 +317,23 @@ def bench_tune(args, device: str, copy: float, save) -> None:
                 row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
                 ms = bench_ms(lambda a=(dy, x, w, rstd), r=dh: K._bwd(*a, 0.0, "llama", K._direct, dh=r), args.smoke)
                 row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
-                grads = K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)  # agreement with the two-kernel path
-                reference = reference if config != "two-kernel" else grads
-                row.update({f"{name}_vs_two_kernel": ((g.float() - r.float()).abs().max() / r.float().abs().max())
-                            .item() for name, g, r in zip(("dx", "dw"), grads, reference, strict=True)})
+                grads = [*K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct),  # with and without the add's dh
+                         *K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)]  # (dx, dw, dx, dw)
+                if config == "two-kernel":
+                    reference = grads
+                elif reference is not None:  # the largest difference from the two-kernel path, relative
+                    diff = [((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                            for g, r in zip(grads, reference, strict=True)]
+                    row.update(dx_vs_two_kernel=max(diff[0::2]), dw_vs_two_kernel=max(diff[1::2]))
             except Exception as e:
                 row["bwd_error"] = error_line(e)
             finally:
                 K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
+            agree = (f", vs two-kernel dx {row['dx_vs_two_kernel']:.1e} dw {row['dw_vs_two_kernel']:.1e}"
+                     if "dx_vs_two_kernel" in row else "")
             print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%}), with "
-                  f"the add {row['add_bwd_ms']:.4f} ms" if "add_bwd_ms" in row else f"FAIL {row['bwd_error']}"),
-                  flush=True)
+                  f"the add {row['add_bwd_ms']:.4f} ms{agree}" if "add_bwd_ms" in row else "")
+                  + (f" FAIL {row['bwd_error']}" if "bwd_error" in row else ""), flush=True)
             save("tune", [row])
 
 

@@ -182,8 +182,10 @@ def _tune_lines(tune: list[dict]) -> list[str]:
     if not tune:
         return []
     lines = ["", "## One-pass backward tunables (`--tune`; config = ROWS, num_warps, programs/SM, STAGES)", "",
-             "| hidden | M | config | bwd ms | GB/s | % copy | with the add: ms, % copy | |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Largest difference from the two-kernel path (dx, dW; relative to the largest value, with and without "
+             "the add's gradient): bf16 rounding is up to ~4e-3.", "",
+             "| hidden | M | config | bwd ms | GB/s | % copy | with the add: ms, % copy | vs two-kernel: dx, dW | |",
+             "|---|---|---|---|---|---|---|---|---|"]
     best = {}
     for r in tune:
         if r.get("bwd_ms") is not None and (r["hidden"] not in best or r["bwd_ms"] < best[r["hidden"]]["bwd_ms"]):
@@ -191,11 +193,13 @@ def _tune_lines(tune: list[dict]) -> list[str]:
     for r in sorted(tune, key=lambda r: (r["hidden"], r.get("bwd_ms") or float("inf"))):
         mark = "best" if best.get(r["hidden"]) is r else ("current" if r.get("current") else "")
         if r.get("bwd_ms") is None:
-            lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | FAIL: {r.get('bwd_error')} | | | | |")
+            lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | FAIL: {r.get('bwd_error')} | | | | | |")
         else:
             add = f"{r['add_bwd_ms']:.4f}, {r['add_bwd_frac']:.0%}" if r.get("add_bwd_ms") is not None else "-"
+            agree = (f"{r['dx_vs_two_kernel']:.1e}, {r['dw_vs_two_kernel']:.1e}" if "dx_vs_two_kernel" in r else
+                     f"FAIL: {r['bwd_error']}" if r.get("bwd_error") else "-")
             lines.append(f"| {r['hidden']} | {r['M']} | {r['config']} | {r['bwd_ms']:.4f} | {r['bwd_gbps']:.0f} | "
-                         f"{r['bwd_frac']:.0%} | {add} | {mark} |")
+                         f"{r['bwd_frac']:.0%} | {add} | {agree} | {mark} |")
     lines += ["", "Best per hidden: " + ", ".join(f"{h}: {b['config']}" for h, b in sorted(best.items()))]
     return lines
 

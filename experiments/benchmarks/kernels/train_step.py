@@ -11,7 +11,7 @@ import time
 from experiments.common.failure import failure
 
 ADD_UNFUSED = "fused_rmsnorm, add unfused"  # the kernel for every norm, the Pre-LN residual adds as torch ops
-WINDOWS = 4  # timed windows per configuration (the median is reported)
+WINDOWS = 4  # timed windows per configuration (the median is reported): --train-steps // 4 steps each, >= 1
 
 
 def peak_flops(device: str) -> float | None:
