@@ -164,7 +164,8 @@ def test_joblib_launcher_runs_a_sweep_in_parallel_processes(tmp_path, shared_cac
     jobs = summaries(tmp_path / "logs" / "jl" / "multiruns")
     assert len(jobs) == 4 and {(s["norm"], s["seed"]) for s in jobs} == {
         (n, s) for n in ("layernorm", "rmsnorm") for s in (0, 1)}
-    assert all(s["status"] in ("completed", "diverged") for s in jobs)  # 2 steps: maybe not under ln V yet
+    statuses = [s["status"] for s in jobs]  # 2 steps: a run may end not yet under ln V (not_trained), none failed
+    assert set(statuses) <= {"completed", "diverged", "not_trained"}, statuses
 
 
 @pytest.mark.slow  # the joblib launcher runs in the default suite
