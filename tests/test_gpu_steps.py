@@ -38,10 +38,12 @@ def test_the_report_gives_the_gpu_machines_paths_relative(tmp_path):
     a = _step(tmp_path / "a", "NVIDIA H200")
     (a / "tests.log").write_text("/opt/venv/lib/python3.12/site-packages/torch/_inductor/compile_fx.py:322: Warn\n"
                                  'File "/srv/checkout/minillm/kernels/rmsnorm.py", line 3, in check_args\n'
-                                 "see https://github.com/o/minillm/blob/main/tests/t.py and minillm/tests/x.py\n")
+                                 "see https://github.com/o/minillm/blob/main/tests/t.py and minillm/tests/x.py\n"
+                                 "/srv/checkout/train.py trainer=gpu hydra.run.dir=/tmp/minillm_preset_x1/run\n")
     path = merge.main([str(a), "--results", str(tmp_path / "results")])
     text = path.with_suffix(".md").read_text()
     assert "site-packages/torch/_inductor/compile_fx.py:322" in text and '"minillm/kernels/rmsnorm.py"' in text
+    assert "train.py trainer=gpu hydra.run.dir=$TMPDIR/minillm_preset_x1/run" in text
     assert "/opt/" not in text and "/srv/" not in text and "/opt/" not in path.read_text()
     assert "https://github.com/o/minillm/blob/main/tests/t.py and minillm/tests/x.py" in text  # untouched
 

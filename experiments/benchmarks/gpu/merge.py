@@ -73,11 +73,13 @@ def collect(dirs: list[Path]) -> dict:
 
 def relative_paths(text: str) -> str:
     """The GPU machine's absolute paths in logs, as a reader can follow them: Python's packages from
-    site-packages/, the checkout's source files from the repository root. Only whole absolute paths are
-    rewritten (not URLs or relative paths)."""
+    site-packages/, the checkout's files from the repository root (its source folders and train.py), temporary
+    folders as $TMPDIR/. Only whole absolute paths are rewritten (not URLs or relative paths)."""
     start, part = r"(?<![\w.:/\\-])/", r"[^\s:'\"()\\]"
     text = re.sub(start + part + r"*?/(?:site|dist)-packages/", "site-packages/", text)
-    return re.sub(start + part + r"*?/(?=(?:minillm|experiments|tests|scripts)/[\w/.-]*\.(?:py|sh)\b)", "", text)
+    text = re.sub(start + r"tmp/", "$TMPDIR/", text)
+    return re.sub(start + part + r"*?/(?=(?:(?:minillm|experiments|tests|scripts)/[\w/.-]*\.(?:py|sh)|train\.py)\b)",
+                  "", text)
 
 
 def _relative_everywhere(obj):
