@@ -98,3 +98,41 @@ def test_a_step_whose_runs_all_failed_exits_non_zero_and_keeps_its_rows(tmp_path
         preset.main(["--out", str(tmp_path / "out"), "--dry-run", "--timeout", "60"])
     rows = json.loads((tmp_path / "out" / "preset.json").read_text())["runs"]
     assert len(rows) == 4 and all(r["error"].startswith("exit 2: ") for r in rows)
+
+
+def test_the_gpu_norm_comparison_composes_each_of_its_jobs(tmp_path, corpus):
+    """configs/experiment/gpu_norms.yaml: every job of its sweep composes and passes the config checks (its
+    fused_rmsnorm arm here under the interpreter, the tests' helper on the CPU trainer), at the model size its
+    header states."""
+    from minillm.model import Transformer
+    from minillm.run.checks import check_config, model_config
+
+    for norm in ("rmsnorm", "layernorm", "fused_rmsnorm"):
+        for placement in ("pre", "post"):
+            cfg = compose_cfg(tmp_path, corpus, "experiment=gpu_norms", f"norm={norm}", f"placement={placement}")
+            check_config(cfg)
+            assert cfg.model.compile and cfg.optimizer.lr == 1e-3 and cfg.name == "gpu_norms"
+    params = Transformer(model_config(cfg, 4096)).num_params()  # the 4096-token BPE
+    assert 25e6 < params < 33e6, params  # "a ~29M-parameter model"
+
+
+@pytest.mark.slow
+def test_the_norm_comparison_step_runs_its_sweep_and_both_verdicts(tmp_path):
+    """plan.sh norms --dry-run: the 18 jobs of the GPU norm comparison (tiny, on the CPU), then the loss and the
+    speed verdicts of each norm against rmsnorm, per placement, as the GPU run writes them."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "WANDB_MODE": "offline"}
+    res = subprocess.run(["bash", "experiments/benchmarks/gpu/plan.sh", "norms", "--dry-run"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert len(list((tmp_path / "logs" / "gpu_norms" / "multiruns").glob("*/*/summary.json"))) == 18
+    for folder, metric in (("norms_loss", "final_val_loss"), ("norms_speed", "steady_tokens_per_s")):
+        verdicts = json.loads((tmp_path / folder / "verdicts.json").read_text())
+        comparisons = verdicts["comparisons"]
+        assert sorted((c["arm"], c["stratum"]["placement"]) for c in comparisons) == sorted(
+            (arm, p) for arm in ("layernorm", "fused_rmsnorm") for p in ("pre", "post"))
+        assert verdicts["metric"] == metric

@@ -42,7 +42,9 @@ class RunSummary(L.Callback):
                best_val_loss, best_val_step, test_loss, test_weights (the checkpoint the test pass loaded, or
                final), diverged, diverged_step, diverged_reason, stopped_early, failed, max_grad_norm,
                nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale,
-               tokens, train_time_s (validation excluded), tokens_per_s, wall_time_s (from the callback's creation),
+               tokens, train_time_s (validation excluded), tokens_per_s, steady_tokens_per_s (the second half of
+               the steps alone: compilation and warm-up left out; null without trainer.max_steps), wall_time_s
+               (from the callback's creation),
                run_dir, callback_errors (observing callbacks that failed, turned off: {class: "hook: error"}),
                started_at (UTC, ISO 8601: when the run's first segment began) and written_at (UTC, this write),
                which date a run against the commits of its study (a pre-registration comes before the runs)
@@ -71,6 +73,7 @@ class RunSummary(L.Callback):
         self._val_t: float | None = None  # when the running validation started (None outside one)
         self._val_time = 0.0  # validation seconds since _t_train
         self._before = {"train_time": 0.0, "wall_time": 0.0}  # earlier segments of a resumed run
+        self._half: tuple[int, float] | None = None  # (step, train time) at half of max_steps: steady_tokens_per_s
         self.test_loss: float | None = None
         self.test_weights: str | None = None  # the checkpoint the test pass loaded, or "final" (the trained weights)
 
@@ -87,13 +90,15 @@ class RunSummary(L.Callback):
         return {"val_history": [list(v) for v in self.val_history],
                 "batch_shape": list(self.batch_shape) if self.batch_shape else None,
                 "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0,
-                "started_at": self._started_at}
+                "started_at": self._started_at, "half": list(self._half) if self._half else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
         self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
         self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
         self._started_at = state.get("started_at", self._started_at)  # older checkpoints lack it
+        half = state.get("half")  # older checkpoints lack it too
+        self._half = (int(half[0]), float(half[1])) if half else None
 
     # timing and counting
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -105,6 +110,8 @@ class RunSummary(L.Callback):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         if isinstance(x, Tensor) and self.batch_shape is None:
             self.batch_shape = tuple(x.shape)
+        if self._half is None and trainer.max_steps > 1 and trainer.global_step >= trainer.max_steps // 2:
+            self._half = (trainer.global_step, self.train_time())
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._t_train is not None:
@@ -219,6 +226,10 @@ class RunSummary(L.Callback):
         train_time = self.train_time()
         batch_tokens = math.prod(self.batch_shape) if self.batch_shape else 0
         tokens = tokens_seen(trainer.global_step, batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
+        steady = None
+        if self._half and trainer.global_step > self._half[0] and train_time > self._half[1]:
+            half_tokens = tokens_seen(self._half[0], batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
+            steady = (tokens - half_tokens) / (train_time - self._half[1])
         s.update({
             "status": status,
             "error": error,
@@ -232,6 +243,7 @@ class RunSummary(L.Callback):
             "tokens": tokens,
             "train_time_s": round(train_time, 3),
             "tokens_per_s": tokens / train_time if train_time > 0 else None,
+            "steady_tokens_per_s": steady,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),
             "callback_errors": {type(c).__name__: c.failure for c in trainer.callbacks if isinstance(c, Observer)

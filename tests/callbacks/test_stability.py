@@ -34,7 +34,7 @@ SUMMARY_FIELDS = {  # config
     "status", "steps", "final_val_loss", "best_val_loss", "best_val_step", "test_loss", "test_weights", "diverged",
     "diverged_step", "diverged_reason", "stopped_early", "failed", "max_grad_norm", "nonfinite_grad_steps",
     "spike_count", "max_attn_logit", "max_abs_h", "max_log_z", "skipped_steps", "tokens", "tokens_per_s",
-    "train_time_s", "wall_time_s", "started_at", "written_at",
+    "steady_tokens_per_s", "train_time_s", "wall_time_s", "started_at", "written_at",
 }
 
 
@@ -138,6 +138,7 @@ def test_tiny_run_logs_every_metric_and_writes_a_complete_summary(tmp_path, corp
     assert summary["max_abs_h"] == pytest.approx(max(logged(rows, "stab/max_abs_h").values()))
     assert summary["skipped_steps"] == 0 and summary["spike_count"] == 0
     assert summary["n_params"] > 0 and summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0
+    assert summary["steady_tokens_per_s"] > 0  # steps 3 and 4 of 4, over their own time
     started, written = (datetime.fromisoformat(summary[k]) for k in ("started_at", "written_at"))
     assert started.utcoffset() == timedelta(0) and 0 <= (written - started).total_seconds() < 600
     assert summary["loss_init"] == pytest.approx(math.log(summary["vocab_size"]))

@@ -58,6 +58,7 @@ def test_interrupted_run_resumes_in_its_own_folder_with_ckpt_path_auto(tmp_path,
     assert logged(rows, "train/loss") == full
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] in ("completed", "diverged") and summary["steps"] == 6  # one run, whole
+    assert summary["steady_tokens_per_s"] > 0
     shutil.rmtree(folder / "checkpoints")  # a run that kept none: auto cannot resume it, and says so
     with pytest.raises(ConfigError, match=r"^ckpt_path=auto: the run directory .* holds a run "
                                                        r"\(summary.json\) but no checkpoint to resume"):

@@ -7,6 +7,8 @@
 #   bash experiments/benchmarks/gpu/plan.sh train    # ~125M train step, rmsnorm vs fused_rmsnorm, eager and compiled
 #   bash experiments/benchmarks/gpu/plan.sh preset   # train.py trainer=gpu model=gpt125m, stability callbacks on/off
 #   bash experiments/benchmarks/gpu/plan.sh quick    # ~8.5 minutes: the judged parts of tests, kernels and train
+#   bash experiments/benchmarks/gpu/plan.sh norms    # rmsnorm / layernorm / fused_rmsnorm x pre / post x 3 seeds
+#                                                    # (configs/experiment/gpu_norms.yaml), verdicts (~10 min)
 #   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
 #
 # Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
@@ -15,7 +17,7 @@
 # python -m experiments.benchmarks.gpu.merge $OUT. The scripts run as modules from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-STEP=${1:?usage: plan.sh tests|kernels|train|preset|quick [--dry-run]}
+STEP=${1:?usage: plan.sh tests|kernels|train|preset|quick|norms [--dry-run]}
 DRY=$([ "${2:-}" = "--dry-run" ] && echo 1 || true)
 OUT=${OUT:-/tmp/minillm-gpu/$STEP}
 PY=${PYTHON:-python3}
@@ -74,7 +76,19 @@ case $STEP in
   preset)
     wheels
     step 480 preset $PY -m experiments.benchmarks.gpu.preset --out "$OUT" ${DRY:+--dry-run} ;;
-  *) echo "unknown step $STEP: tests | kernels | train | preset | quick" >&2; exit 2 ;;
+  norms)  # the norm comparison of configs/experiment/gpu_norms.yaml (18 runs), then its verdicts: loss and speed
+    wheels
+    environment
+    tiny=(trainer=cpu model.dim=32 model.n_layers=2 model.n_heads=2 model.max_seq_len=32 model.compile=false
+          data.batch_size=4 data.val_windows=8 trainer.max_steps=4 trainer.val_check_interval=4 scheduler.warmup_steps=2)
+    [ -n "$DRY" ] || tiny=()  # the dry run: the same sweep and reports, a tiny model on the CPU
+    step 600 norms $PY train.py -m experiment=gpu_norms "paths.log_dir=$OUT/logs" "${tiny[@]}"
+    sweep=$(ls -d "$OUT"/logs/gpu_norms/multiruns/*/ 2>/dev/null | tail -1)
+    step 120 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
+      --out "$OUT/norms_loss"
+    step 120 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --metric steady_tokens_per_s \
+      --higher-is-better --out "$OUT/norms_speed" ;;
+  *) echo "unknown step $STEP: tests | kernels | train | preset | quick | norms" >&2; exit 2 ;;
 esac
 echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"
 exit $status
