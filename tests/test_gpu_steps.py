@@ -100,18 +100,33 @@ def test_a_step_whose_runs_all_failed_exits_non_zero_and_keeps_its_rows(tmp_path
     assert len(rows) == 4 and all(r["error"].startswith("exit 2: ") for r in rows)
 
 
-def test_the_gpu_norm_comparison_composes_each_of_its_jobs(tmp_path, corpus):
-    """configs/experiment/gpu_norms.yaml: every job of its sweep composes and passes the config checks (its
-    fused_rmsnorm arm here under the interpreter, the tests' helper on the CPU trainer), at the model size its
-    header states."""
+def test_the_gpu_norm_comparison_composes_each_of_its_jobs(tmp_path):
+    """configs/experiment/gpu_norms.yaml as a GPU run composes it (no test overrides): every job of its sweep passes
+    the config checks (its fused_rmsnorm arm here under the interpreter), on the GPU trainer, BPE data, the model
+    size its header states, and a stability monitor that leaves the compiled steps alone after step 0."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
     from minillm.model import Transformer
     from minillm.run.checks import check_config, model_config
 
-    for norm in ("rmsnorm", "layernorm", "fused_rmsnorm"):
-        for placement in ("pre", "post"):
-            cfg = compose_cfg(tmp_path, corpus, "experiment=gpu_norms", f"norm={norm}", f"placement={placement}")
-            check_config(cfg)
-            assert cfg.model.compile and cfg.optimizer.lr == 1e-3 and cfg.name == "gpu_norms"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        for norm in ("rmsnorm", "layernorm", "fused_rmsnorm"):
+            for placement in ("pre", "post"):
+                cfg = compose("train", overrides=["experiment=gpu_norms", f"norm={norm}", f"placement={placement}",
+                                                  f"paths.log_dir={tmp_path}"], return_hydra_config=True)
+                HydraConfig.instance().set_config(cfg)  # as @hydra.main does: the run folder resolves
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                check_config(cfg)
+    GlobalHydra.instance().clear()
+    assert (cfg.trainer.accelerator, cfg.trainer.precision, cfg.model.compile) == ("gpu", "bf16-mixed", True)
+    assert (cfg.data.tokenizer, cfg.data.vocab_size, cfg.trainer.max_steps) == ("bpe", 4096, 600)
+    assert cfg.callbacks.stability.every_n_steps > cfg.trainer.max_steps
+    assert cfg.callbacks.stability.probe_every_n_steps is None
     params = Transformer(model_config(cfg, 4096)).num_params()  # the 4096-token BPE
     assert 25e6 < params < 33e6, params  # "a ~29M-parameter model"
 

@@ -42,9 +42,10 @@ class RunSummary(L.Callback):
                best_val_loss, best_val_step, test_loss, test_weights (the checkpoint the test pass loaded, or
                final), diverged, diverged_step, diverged_reason, stopped_early, failed, max_grad_norm,
                nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale,
-               tokens, train_time_s (validation excluded), tokens_per_s, steady_tokens_per_s (the second half of
-               the steps alone: compilation and warm-up left out; null without trainer.max_steps), wall_time_s
-               (from the callback's creation),
+               tokens, train_time_s (validation excluded), tokens_per_s, steady_tokens_per_s (the steps of the
+               second half of trainer.max_steps alone, each segment of a resumed run from its second step: a
+               compile and warm-up left out; null without trainer.max_steps), wall_time_s (from the callback's
+               creation),
                run_dir, callback_errors (observing callbacks that failed, turned off: {class: "hook: error"}),
                started_at (UTC, ISO 8601: when the run's first segment began) and written_at (UTC, this write),
                which date a run against the commits of its study (a pre-registration comes before the runs)
@@ -73,7 +74,9 @@ class RunSummary(L.Callback):
         self._val_t: float | None = None  # when the running validation started (None outside one)
         self._val_time = 0.0  # validation seconds since _t_train
         self._before = {"train_time": 0.0, "wall_time": 0.0}  # earlier segments of a resumed run
-        self._half: tuple[int, float] | None = None  # (step, train time) at half of max_steps: steady_tokens_per_s
+        self._mark: tuple[int, float] | None = None  # (step, train time) where this segment's steady window began
+        self._steady_before = (0, 0.0)  # (steps, seconds) of the steady windows of earlier segments
+        self._last_step = 0  # the optimizer step at the last batch end
         self.test_loss: float | None = None
         self.test_weights: str | None = None  # the checkpoint the test pass loaded, or "final" (the trained weights)
 
@@ -90,15 +93,23 @@ class RunSummary(L.Callback):
         return {"val_history": [list(v) for v in self.val_history],
                 "batch_shape": list(self.batch_shape) if self.batch_shape else None,
                 "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0,
-                "started_at": self._started_at, "half": list(self._half) if self._half else None}
+                "started_at": self._started_at, "steady": list(self.steady(self._last_step))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
         self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
         self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
         self._started_at = state.get("started_at", self._started_at)  # older checkpoints lack it
-        half = state.get("half")  # older checkpoints lack it too
-        self._half = (int(half[0]), float(half[1])) if half else None
+        steps, seconds = state.get("steady") or (0, 0.0)  # older checkpoints lack it too
+        self._steady_before, self._mark = (int(steps), float(seconds)), None  # this segment marks its own start
+
+    def steady(self, step: int) -> tuple[int, float]:
+        """(optimizer steps, training seconds) in the steady windows up to ``step``: from half of max_steps, and
+        in a resumed segment from its first completed step (its recompile left out)."""
+        steps, seconds = self._steady_before
+        if self._mark is not None and step > self._mark[0]:
+            steps, seconds = steps + step - self._mark[0], seconds + self.train_time() - self._mark[1]
+        return steps, seconds
 
     # timing and counting
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -110,8 +121,9 @@ class RunSummary(L.Callback):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         if isinstance(x, Tensor) and self.batch_shape is None:
             self.batch_shape = tuple(x.shape)
-        if self._half is None and trainer.max_steps > 1 and trainer.global_step >= trainer.max_steps // 2:
-            self._half = (trainer.global_step, self.train_time())
+        self._last_step = trainer.global_step
+        if self._mark is None and trainer.max_steps > 1 and trainer.global_step >= trainer.max_steps // 2:
+            self._mark = (trainer.global_step, self.train_time())
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._t_train is not None:
@@ -226,10 +238,9 @@ class RunSummary(L.Callback):
         train_time = self.train_time()
         batch_tokens = math.prod(self.batch_shape) if self.batch_shape else 0
         tokens = tokens_seen(trainer.global_step, batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
-        steady = None
-        if self._half and trainer.global_step > self._half[0] and train_time > self._half[1]:
-            half_tokens = tokens_seen(self._half[0], batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
-            steady = (tokens - half_tokens) / (train_time - self._half[1])
+        steady_steps, steady_seconds = self.steady(trainer.global_step)
+        steady = (tokens_seen(steady_steps, batch_tokens, trainer.world_size, trainer.accumulate_grad_batches)
+                  / steady_seconds if steady_steps and steady_seconds > 0 else None)
         s.update({
             "status": status,
             "error": error,

@@ -24,28 +24,38 @@ def test_a_crashed_run_is_failed_in_its_summary_even_with_a_good_validation(tmp_
     assert summary["failed"] is True  # so no analysis counts its partial loss as a result
 
 
-def test_the_steady_rate_starts_at_half_of_max_steps_and_survives_a_resume(monkeypatch):
-    """steady_tokens_per_s counts from the step at half of trainer.max_steps (a compile or warm-up in the first
-    steps left out), on the training clock (validation excluded); a resumed run keeps the mark of its first segment."""
+def test_the_steady_window_starts_at_half_of_max_steps_and_leaves_out_a_resumed_segments_first_step(monkeypatch):
+    """steady_tokens_per_s counts the steps after half of trainer.max_steps over their training time (a compile or
+    warm-up in the first steps left out); a resumed segment counts from its first completed step (its recompile
+    left out), added to what the checkpoint recorded; a checkpoint from before the field resumes with none."""
     from types import SimpleNamespace
 
     import torch
 
     from minillm.callbacks import RunSummary
 
-    clock = iter([0.0, 100.0, 132.0])  # the callback's creation, training's start, the end of step 3
-    monkeypatch.setattr("minillm.callbacks.summary.time.time", lambda: next(clock))
-    summary = RunSummary()
-    summary.on_train_start(None, None)
+    now = [0.0]
+    monkeypatch.setattr("minillm.callbacks.summary.time.time", lambda: now[0])
     batch = (torch.zeros(2, 8, dtype=torch.long),)
-    for step in (1, 2, 3):
-        summary.on_train_batch_end(SimpleNamespace(max_steps=6, global_step=step), None, None, batch, step - 1)
-    assert summary._half == (3, 32.0)  # recorded once, at step 3 of 6, after 32 s of training
-    monkeypatch.setattr("minillm.callbacks.summary.time.time", lambda: 140.0)
-    state = summary.state_dict()  # what the checkpoint holds
-    assert state["half"] == [3, 32.0] and state["train_time"] == 40.0
+
+    def run(summary, steps_and_times):
+        for step, t in steps_and_times:
+            now[0] = t
+            summary.on_train_batch_end(SimpleNamespace(max_steps=8, global_step=step), None, None, batch, step - 1)
+
+    first = RunSummary()
+    now[0] = 100.0
+    first.on_train_start(None, None)
+    run(first, [(1, 130.0), (2, 131.0), (3, 132.0), (4, 133.0), (5, 134.0), (6, 136.0)])  # step 1: a compile
+    assert first.steady(6) == (2, 3.0)  # from step 4 (half of 8) at 33 s to step 6 at 36 s
+    state = first.state_dict()  # a checkpoint at step 6
+    assert state["steady"] == [2, 3.0] and state["train_time"] == 36.0
+
     resumed = RunSummary()
     resumed.load_state_dict(state)
-    assert resumed._half == (3, 32.0)
+    now[0] = 200.0
+    resumed.on_train_start(None, None)
+    run(resumed, [(7, 220.0), (8, 221.5)])  # step 7: the recompile
+    assert resumed.steady(8) == (3, 4.5)  # 2 steps in 3 s, then step 8 in 1.5 s
     resumed.load_state_dict({"val_history": [], "batch_shape": None, "train_time": 1.0, "wall_time": 1.0})
-    assert resumed._half is None  # a checkpoint written before the mark existed
+    assert resumed.steady(8) == (0, 0.0)  # a checkpoint written before the field: nothing carried over

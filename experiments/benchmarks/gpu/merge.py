@@ -75,11 +75,11 @@ def relative_paths(text: str) -> str:
     """The GPU machine's absolute paths in logs, as a reader can follow them: Python's packages from
     site-packages/, the checkout's files from the repository root (its source folders and train.py), temporary
     folders as $TMPDIR/. Only whole absolute paths are rewritten (not URLs or relative paths)."""
-    start, part = r"(?<![\w.:/\\-])/", r"[^\s:'\"()\\]"
+    start, part = r"(?<![\w.:/\\~-])/", r"[^\s:'\"()\\]"
     text = re.sub(start + part + r"*?/(?:site|dist)-packages/", "site-packages/", text)
-    text = re.sub(start + r"tmp/", "$TMPDIR/", text)
-    return re.sub(start + part + r"*?/(?=(?:(?:minillm|experiments|tests|scripts)/[\w/.-]*\.(?:py|sh)|train\.py)\b)",
-                  "", text)
+    source = r"(?:minillm|experiments|tests|scripts)/[\w/.-]*\.(?:py|sh)\b|train\.py(?=[\s'\":]|$)"
+    text = re.sub(start + part + r"*?/(?=" + source + ")", "", text, flags=re.M)  # the checkout's files
+    return re.sub(start + r"tmp/", "$TMPDIR/", text)
 
 
 def _relative_everywhere(obj):

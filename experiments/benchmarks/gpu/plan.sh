@@ -8,7 +8,7 @@
 #   bash experiments/benchmarks/gpu/plan.sh preset   # train.py trainer=gpu model=gpt125m, stability callbacks on/off
 #   bash experiments/benchmarks/gpu/plan.sh quick    # ~8.5 minutes: the judged parts of tests, kernels and train
 #   bash experiments/benchmarks/gpu/plan.sh norms    # rmsnorm / layernorm / fused_rmsnorm x pre / post x 3 seeds
-#                                                    # (configs/experiment/gpu_norms.yaml), verdicts (~10 min)
+#                                                    # (configs/experiment/gpu_norms.yaml), verdicts (~7 min)
 #   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
 #
 # Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
@@ -82,12 +82,20 @@ case $STEP in
     tiny=(trainer=cpu model.dim=32 model.n_layers=2 model.n_heads=2 model.max_seq_len=32 model.compile=false
           data.batch_size=4 data.val_windows=8 trainer.max_steps=4 trainer.val_check_interval=4 scheduler.warmup_steps=2)
     [ -n "$DRY" ] || tiny=()  # the dry run: the same sweep and reports, a tiny model on the CPU
-    step 600 norms $PY train.py -m experiment=gpu_norms "paths.log_dir=$OUT/logs" "${tiny[@]}"
-    sweep=$(ls -d "$OUT"/logs/gpu_norms/multiruns/*/ 2>/dev/null | tail -1)
-    step 120 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
-      --out "$OUT/norms_loss"
-    step 120 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --metric steady_tokens_per_s \
-      --higher-is-better --out "$OUT/norms_speed" ;;
+    step 450 norms $PY train.py -m experiment=gpu_norms "paths.log_dir=$OUT/logs" ${tiny[@]+"${tiny[@]}"}
+    sweep=$(ls -d "$OUT"/logs/gpu_norms/multiruns/*/ 2>/dev/null | tail -1)  # this step's sweep: $OUT starts empty
+    if [ -z "$sweep" ]; then
+      echo "== no sweep folder under $OUT/logs/gpu_norms/multiruns: no verdicts" | tee -a "$OUT/norms.log"; status=1
+    else  # the speed margin: 2% of rmsnorm's median steady rate (a relative margin, fixed here before the data)
+      margin=$($PY -c "import json, statistics, sys; from pathlib import Path
+rates = [json.loads(p.read_text()).get('steady_tokens_per_s') for p in Path(sys.argv[1]).glob('*/summary.json')
+         if json.loads(p.read_text()).get('norm') == 'rmsnorm']
+print(0.02 * statistics.median([r for r in rates if r] or [0]))" "$sweep")
+      step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
+        --out "$OUT/norms_loss"
+      step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --metric steady_tokens_per_s \
+        --higher-is-better --margin "$margin" --out "$OUT/norms_speed"
+    fi ;;
   *) echo "unknown step $STEP: tests | kernels | train | preset | quick | norms" >&2; exit 2 ;;
 esac
 echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"
