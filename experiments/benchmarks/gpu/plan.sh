@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first run on a CUDA GPU: four steps, each under 9 minutes on an H100, run back to back (README.md).
+# The first run on a CUDA GPU: steps a-d, each under 9 minutes on an H100, run back to back, and e (README.md).
 #
 #   bash experiments/benchmarks/gpu/plan.sh tests    # GPU tests (pytest -m gpu + the kernel suite on CUDA, its sm_90
 #                                                    # compile test), one-pass backward tunables (--mode tune)
@@ -11,7 +11,7 @@
 #                                                    # (configs/experiment/gpu_norms.yaml), verdicts (~7 min)
 #   bash experiments/benchmarks/gpu/plan.sh STEP --dry-run   # the same on the CPU: tiny shapes, TRITON_INTERPRET=1
 #
-# Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all four steps
+# Each step writes its files straight into $OUT (default /tmp/minillm-gpu/STEP; set OUT to collect all the steps
 # in one folder). `kernels` and `preset` install the wheels of scripts/wheelhouse.sh from ./wheelhouse (copied
 # along with the checkout) into /tmp/site. Afterwards, on any machine with the checkout:
 # python -m experiments.benchmarks.gpu.merge $OUT. The scripts run as modules from the repository root.
