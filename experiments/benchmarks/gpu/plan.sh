@@ -59,7 +59,7 @@ case $STEP in
     environment
     kernel_tests 300
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
-  quick)  # ~8.5 minutes for a short session: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
+  quick)  # ~8.5 minutes, when time is short: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
     [ -d wheelhouse ] && wheels
     environment  # after the wheels: the pip list names what the run imports
     kernel_tests 150 -n 8  # 110 s on an H200
@@ -88,13 +88,17 @@ case $STEP in
       echo "== no sweep folder under $OUT/logs/gpu_norms/multiruns: no verdicts" | tee -a "$OUT/norms.log"; status=1
     else  # the speed margin: 2% of rmsnorm's median steady rate (a relative margin, fixed here before the data)
       margin=$($PY -c "import json, statistics, sys; from pathlib import Path
-rates = [json.loads(p.read_text()).get('steady_tokens_per_s') for p in Path(sys.argv[1]).glob('*/summary.json')
-         if json.loads(p.read_text()).get('norm') == 'rmsnorm']
-print(0.02 * statistics.median([r for r in rates if r] or [0]))" "$sweep")
+runs = [json.loads(p.read_text()) for p in Path(sys.argv[1]).glob('*/summary.json')]
+rates = [r['steady_tokens_per_s'] for r in runs if r.get('norm') == 'rmsnorm' and r.get('steady_tokens_per_s')]
+print(0.02 * statistics.median(rates) if rates else 'none')" "$sweep")
       step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
         --out "$OUT/norms_loss"
-      step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --metric steady_tokens_per_s \
-        --higher-is-better --margin "$margin" --out "$OUT/norms_speed"
+      if [ "$margin" = none ]; then
+        echo "== no rmsnorm run with a steady rate: no speed verdict" | tee -a "$OUT/verdicts.log"; status=1
+      else
+        step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm \
+          --metric steady_tokens_per_s --higher-is-better --margin "$margin" --out "$OUT/norms_speed"
+      fi
     fi ;;
   *) echo "unknown step $STEP: tests | kernels | train | preset | quick | norms" >&2; exit 2 ;;
 esac
