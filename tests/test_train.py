@@ -182,6 +182,7 @@ def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
         ("optimizer.betas=[1.5,0.9]", r"optimizer.betas=\[1.5, 0.9\] is invalid; allowed: two numbers in \[0, 1\)"),
         ("optimizer.weight_decay=-0.1", "optimizer.weight_decay=-0.1 is invalid"),
         ("trainer.max_steps=0", "trainer.max_steps=0 is invalid; allowed: an integer >= 1"),
+        ("trainer.deterministic=always", "trainer.deterministic='always' is invalid; allowed: auto, true, false, warn"),
         ("trainer.val_check_interval=0", "trainer.val_check_interval=0 is invalid; allowed: an integer >= 1"),
         ("trainer.val_check_interval=9", "trainer.val_check_interval=9 is invalid; allowed: <= trainer.max_steps=4"),
         ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 is invalid"),

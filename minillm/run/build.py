@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -30,12 +31,23 @@ def precision_plugins(cfg: DictConfig) -> list[DictConfig]:
     return [p for p in cfg.trainer.get("plugins") or [] if "Precision" in str(p.get("_target_", ""))]
 
 
+def trains_on_cpu(trainer: Mapping) -> bool:
+    """Whether a run of this trainer config trains on the CPU: accelerator cpu, or auto where CUDA is missing."""
+    accelerator = trainer.get("accelerator", "auto")
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
     """lightning.Trainer from cfg.trainer. A precision plugin replaces the precision flag (Lightning refuses
     both), which then only names the run: trainer=cpu_fp16 keeps precision=16-mixed in names and summaries.
     trainer.val_check_interval counts optimizer steps, as every step count in minillm does; Lightning's counts
-    batches, so with gradient accumulation it gets the interval times accumulate_grad_batches."""
+    batches, so with gradient accumulation it gets the interval times accumulate_grad_batches.
+    trainer.deterministic=auto is true on the CPU, where it costs nothing measurable and keeps compiled runs
+    bit-identical (Inductor's CPU kernels otherwise sum the embedding's gradient with atomic adds, in an order
+    that changes from run to run), and false on a GPU, where deterministic kernels cost speed."""
     overrides: dict[str, Any] = {"precision": None} if precision_plugins(cfg) else {}
+    if cfg.trainer.get("deterministic") == "auto":
+        overrides["deterministic"] = trains_on_cpu(cfg.trainer)
     interval, accumulate = cfg.trainer.get("val_check_interval"), cfg.trainer.get("accumulate_grad_batches", 1)
     if isinstance(interval, int) and not isinstance(interval, bool) and accumulate > 1:
         overrides["val_check_interval"] = interval * accumulate

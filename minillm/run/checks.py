@@ -11,14 +11,13 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_name, check_number, invalid
 from minillm.model import PLACEMENTS
 from minillm.norms import batch_statistics
 from minillm.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda
-from minillm.run.build import model_config, precision_plugins
+from minillm.run.build import model_config, precision_plugins, trains_on_cpu
 
 PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64")
 TEST_WEIGHTS = ("final", "best")
@@ -64,6 +63,9 @@ def check_trainer(t: dict) -> None:
     check_int("trainer.num_nodes", t.get("num_nodes", 1), low=1)
     check_int("trainer.check_val_every_n_epoch", t.get("check_val_every_n_epoch"), low=1, optional=True)
     check_int("trainer.num_sanity_val_steps", t.get("num_sanity_val_steps", 0), low=-1)
+    deterministic = t.get("deterministic", "auto")
+    if not (isinstance(deterministic, bool) or deterministic in ("auto", "warn")):
+        raise invalid("trainer.deterministic", deterministic, "auto, true, false, warn")
     devices = t.get("devices", "auto")
     if not (devices == "auto" or isinstance(devices, (list, str)) or (
             isinstance(devices, int) and not isinstance(devices, bool) and (devices >= 1 or devices == -1))):
@@ -162,9 +164,8 @@ def check_model_early(cfg: DictConfig) -> None:
 
 
 def warn_about_precision(cfg: DictConfig) -> None:
-    precision, accelerator = str(cfg.trainer.get("precision")), cfg.trainer.get("accelerator")
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if precision in ("16-mixed", "16") and on_cpu and not precision_plugins(cfg):
+    precision = str(cfg.trainer.get("precision"))
+    if precision in ("16-mixed", "16") and trains_on_cpu(cfg.trainer) and not precision_plugins(cfg):
         warnings.warn("trainer.precision=16-mixed on a CPU: Lightning runs bf16-mixed instead (no GradScaler); "
                       "trainer=cpu_fp16 gives real fp16 autocast with a GradScaler on the CPU (slow), or use a "
                       "GPU.", UserWarning, stacklevel=2)

@@ -56,9 +56,9 @@ def env(threads: int) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def timed(cmd: list[str], cwd: Path, threads: int) -> tuple[str, float]:
+def timed(cmd: list[str], cwd: Path, threads: int, extra_env: dict[str, str] | None = None) -> tuple[str, float]:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env(threads), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env={**env(threads), **(extra_env or {})}, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode:
         tail = (proc.stdout + proc.stderr)[-3000:]
