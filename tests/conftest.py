@@ -20,6 +20,16 @@ if not torch.cuda.is_available():
 # --- end fused kernels -----------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _torch_deterministic_mode_per_test(monkeypatch):
+    """Each test starts with torch's deterministic mode as the process began, whatever an earlier test's Trainer
+    set (trainer.deterministic=auto turns it on for CPU runs), and CUBLAS_WORKSPACE_CONFIG as it was."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, request) -> Path:
     """A generated English-like text file, one per test module (size: the module's CORPUS_CHARS)."""

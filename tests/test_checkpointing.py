@@ -26,14 +26,14 @@ from minillm.checkpointing import (
 from minillm.errors import ConfigError
 from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
-from minillm.run.build import model_config
+from minillm.run.build import build_trainer, model_config
 from minillm.run.resume import Resume
 
 CORPUS_CHARS = 8000  # the corpus fixture's size for this module
 
 
 def test_trainer_config_uses_the_atomic_checkpoint_io(tmp_path, corpus):
-    trainer = instantiate(compose_cfg(tmp_path, corpus).trainer, logger=False)
+    trainer = build_trainer(compose_cfg(tmp_path, corpus), [], [])
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
@@ -29,7 +30,8 @@ class RunSummary(L.Callback):
     """Writes ``summary.json`` to ``trainer.default_root_dir`` after fit, after test, and on a crash.
 
     One flat JSON object (non-finite numbers written as null):
-      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, seed, tags, dim, init,
+      config   name, norm, placement, lr, warmup_steps, precision (asked), precision_used, deterministic (torch's
+               deterministic mode as the run trained: trainer.deterministic=auto resolved), seed, tags, dim, init,
                n_layers, n_heads, n_kv_heads, qk_norm, vocab_size, max_seq_len, norm_eps, norm_options,
                attn_norm_options (only when set), weight_decay, z_loss, optimizer (its class), adamw_lr
                (optimizer=muon: AdamW's lr; lr is Muon's), grad_clip, max_steps, batch_size, seq_len, n_params,
@@ -203,6 +205,7 @@ class RunSummary(L.Callback):
         }
         s.update(self.config)
         s["precision_used"] = str(trainer.precision)
+        s["deterministic"] = torch.are_deterministic_algorithms_enabled()  # trainer.deterministic as it ran
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "qk_norm", "init", "vocab_size", "max_seq_len",
                     "norm_eps", "tie_embeddings"):
             s[key] = getattr(cfg, key, None)

@@ -32,9 +32,11 @@ def precision_plugins(cfg: DictConfig) -> list[DictConfig]:
 
 
 def trains_on_cpu(trainer: Mapping) -> bool:
-    """Whether a run of this trainer config trains on the CPU: accelerator cpu, or auto where CUDA is missing."""
+    """Whether a run of this trainer config trains on the CPU: accelerator cpu, or auto on a machine without CUDA
+    or Apple's MPS."""
     accelerator = trainer.get("accelerator", "auto")
-    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    return accelerator == "cpu" or (accelerator == "auto" and not gpu)
 
 
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
@@ -46,7 +48,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
     bit-identical (Inductor's CPU kernels otherwise sum the embedding's gradient with atomic adds, in an order
     that changes from run to run), and false on a GPU, where deterministic kernels cost speed."""
     overrides: dict[str, Any] = {"precision": None} if precision_plugins(cfg) else {}
-    if cfg.trainer.get("deterministic") == "auto":
+    if cfg.trainer.get("deterministic", "auto") == "auto":
         overrides["deterministic"] = trains_on_cpu(cfg.trainer)
     interval, accumulate = cfg.trainer.get("val_check_interval"), cfg.trainer.get("accumulate_grad_batches", 1)
     if isinstance(interval, int) and not isinstance(interval, bool) and accumulate > 1:

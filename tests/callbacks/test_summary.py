@@ -22,6 +22,13 @@ def test_a_crashed_run_is_failed_in_its_summary_even_with_a_good_validation(tmp_
     assert summary["status"] == "failed" and "simulated crash" in summary["error"]
     assert summary["diverged"] is False and math.isfinite(summary["final_val_loss"])  # a validation at step 2
     assert summary["failed"] is True  # so no analysis counts its partial loss as a result
+    assert summary["deterministic"] is True  # trainer.deterministic=auto, resolved for the CPU
+
+
+def test_the_summary_records_the_deterministic_mode_as_it_ran(tmp_path, corpus):
+    cfg = compose_cfg(tmp_path, corpus, "trainer.deterministic=false", "test=false")
+    train_script.train(cfg)
+    assert json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())["deterministic"] is False
 
 
 def test_the_steady_window_starts_at_half_of_max_steps_and_leaves_out_a_resumed_segments_first_step(monkeypatch):
