@@ -25,7 +25,10 @@ def _torch_deterministic_mode_per_test(monkeypatch):
     """Each test starts with torch's deterministic mode as the process began, whatever an earlier test's Trainer
     set (trainer.deterministic=auto turns it on for CPU runs), and CUBLAS_WORKSPACE_CONFIG as it was."""
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    value = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value or "")  # records it (set or absent) for the restore
+    if value is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     yield
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
