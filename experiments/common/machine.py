@@ -38,6 +38,16 @@ def machine() -> str:
     return f"{cpu_model()} ({kernels} kernels), {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
 
+def this_checkout() -> str:
+    """The commit this script runs from, as a result names it: "1d63f5d", or "1d63f5d (with uncommitted changes)"."""
+    from minillm.version import provenance as code_provenance
+
+    code = code_provenance()
+    if not code["git_commit"]:
+        return "unknown"
+    return code["git_commit"][:7] + (" (with uncommitted changes)" if code["git_dirty"] else "")
+
+
 def run_kernels(runs: list[dict]) -> str:
     """The CPU kernels and torch versions the runs themselves recorded (summary.json), e.g. "AVX2 kernels, torch
     2.13.0+cpu: 8 runs; AVX512 kernels, torch 2.13.0+cpu: 24 runs": machine() names where the analysis ran."""

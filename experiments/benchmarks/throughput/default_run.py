@@ -28,9 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.benchmarks.throughput.peer import _commit, timed
+from experiments.benchmarks.throughput.peer import timed
 from experiments.common.layout import ROOT
-from experiments.common.machine import machine
+from experiments.common.machine import machine, this_checkout
 from minillm.runs import read_curves
 
 HERE = Path(__file__).resolve().parent
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=HERE, help="folder of default_run.json / .md")
     a = ap.parse_args(argv)
     res = {"machine": machine(), "load_before": os.getloadavg()[0], "steps": a.steps, "threads": a.threads,
-           "commit": _commit(), "baseline": a.baseline, "rounds": []}
+           "commit": this_checkout(), "baseline": a.baseline, "rounds": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         units = [["eager"], ["compiled-cold", "compiled-warm"]]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common.layout import ROOT
-from experiments.common.machine import machine
+from experiments.common.machine import machine, this_checkout
 
 HERE = Path(__file__).resolve().parent
 LOOP = ROOT / "experiments" / "benchmarks" / "calibration" / "nanogpt_loop.py"
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--nanogpt {a.nanogpt}: no train.py there")
     names = ["minillm", "loop"] + (["nanogpt"] if a.nanogpt else [])
     res = {"machine": machine(), "load_before": os.getloadavg()[0], "steps": a.steps, "skip": a.skip,
-           "threads": a.threads, "compile": a.compile, "commit": _commit(), "rounds": []}
+           "threads": a.threads, "compile": a.compile, "commit": this_checkout(), "rounds": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         from experiments.benchmarks.calibration.independent import corpus_file
@@ -253,13 +253,6 @@ def main(argv: list[str] | None = None) -> None:
     (a.out / f"{stem}.json").write_text(json.dumps(res, indent=1) + "\n")
     (a.out / f"{stem}.md").write_text(report(res))
     print(report(res))
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return (out.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
 if __name__ == "__main__":
