@@ -8,15 +8,18 @@ PLAN.yaml holds the question (FIELDS; factor, baseline, seeds and expected are r
     question: Is RMSNorm as good as LayerNorm?    # free text, optional
     factor: norm
     baseline: layernorm
-    metric: final_val_loss        # default; higher_is_better: false
+    metric: auto                  # default: test_loss, else final_val_loss; higher_is_better: false
     margin: 0.02                  # default, in the metric's units
-    alpha: 0.05                   # default
+    alpha: 0.05                   # default: the family-wise error of the words
     lr: tuned                     # tuned (default) | common | a learning rate
     seeds: [0, 1, 2, 3, 4, 5, 6, 7]
     expected: {rmsnorm: equivalent}   # per arm: better | worse | equivalent
+    # and any other rule of minillm.rules.Rules (lr_choice, failures, adjust, equivalence, stability, ...)
 
-plan.json keeps the validated plan, the YAML's text, its sha256 and the UTC time it was recorded. Grading takes the
-rules from the recorded text (whatever the command line or the YAML file now say), leaves out runs of seeds the plan
+plan.json keeps the validated plan, the YAML's text, its sha256, the UTC time it was recorded and the rules version.
+Grading takes the rules from the recorded text (whatever the command line or the YAML file now say; a field the text
+leaves out takes the default of the recorded rules version, so a plan recorded before the versions is graded by the
+rules of its time), leaves out runs of seeds the plan
 did not list, and records: the plan's hash, whether the YAML file changed since (its sha256 differs), whether
 plan.json itself still matches its hash, the runs whose ``started_at`` precedes the recording (a warning on each
 verdict they enter), planned seeds an arm lacks, and whether each verdict is the one expected.
@@ -35,14 +38,22 @@ from typing import Any
 
 import yaml
 
-from minillm.compare import INTERVALS, PAIRED_BY, label, matches
+from minillm.compare import matches
+from minillm.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, CompareError, Rules
+from minillm.runs import label
 
-DEFAULTS = {"metric": "final_val_loss", "higher_is_better": False, "margin": 0.02, "alpha": 0.05, "lr": "tuned",
-            "paired_by": "auto", "interval": "t"}
+# the rules a plan may fix, with the engine's defaults (minillm.rules.Rules); a plan recorded before the rules had a
+# version is graded with the rules of that time (REGISTERED_BEFORE) for every field its text does not set
+PLAN_RULES = ("metric", "higher_is_better", "margin", "alpha", "lr", "lr_choice", "failures", "adjust", "equivalence",
+              "paired_by", "interval", "window_error", "stability", "tolerance", "range_margin", "rate_margin")
+DEFAULTS = {name: getattr(Rules(), name) for name in PLAN_RULES}
+RULES_VERSION = 2  # plan.json's rules_version: 2 = failed runs counted, lr held out, adjusted words
 REQUIRED = ("factor", "baseline", "seeds", "expected")
 FIELDS = ("question", *REQUIRED, *DEFAULTS)
 EXPECTED = ("better", "worse", "equivalent")
 RULES = ("factor", "baseline", *DEFAULTS)  # what compare() takes from a plan
+NUMBERS = ("margin", "alpha", "tolerance", "range_margin", "rate_margin")
+FLAGS = ("higher_is_better", "window_error", "stability")
 BEFORE = "started before the plan was recorded"
 
 
@@ -61,8 +72,8 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def parse_plan(text: str, source: str = "plan") -> dict:
-    """The plan of a YAML text, checked and with DEFAULTS filled in; PlanError naming the field otherwise."""
+def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DEFAULTS) -> dict:
+    """The plan of a YAML text, checked and with ``defaults`` filled in; PlanError naming the field otherwise."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -79,30 +90,27 @@ def parse_plan(text: str, source: str = "plan") -> dict:
     missing = [f for f in REQUIRED if raw.get(f) in (None, "", [], {})]
     if missing:
         raise PlanError(f"{source}: {', '.join(missing)} missing; a plan needs {', '.join(REQUIRED)}")
-    plan = {**DEFAULTS, **raw}
+    plan = {**defaults, **raw}
     for field in ("factor", "metric"):
         if not isinstance(plan[field], str):
             raise bad(field, "a key of summary.json")
     if isinstance(plan["baseline"], (dict, list)):
         raise bad("baseline", "one value of the factor")
     plan["baseline"] = label(plan["baseline"])
-    if not isinstance(plan["higher_is_better"], bool):
-        raise bad("higher_is_better", "true or false")
-    margin, alpha = _number(plan["margin"]), _number(plan["alpha"])
-    if margin is None or margin <= 0:
-        raise bad("margin", "a number > 0, in the metric's units")
-    if alpha is None or not 0 < alpha < 1:
-        raise bad("alpha", "a number in (0, 1)")
-    plan["margin"], plan["alpha"] = margin, alpha
-    if plan["lr"] not in ("tuned", "common"):
+    for field in FLAGS:
+        if not isinstance(plan[field], bool):
+            raise bad(field, "true or false")
+    for field in NUMBERS:
+        number = _number(plan[field])
+        plan[field] = number if number is not None else plan[field]
+    if plan["lr"] not in LR_RULES:
         lr = _number(plan["lr"])
-        if lr is None or lr <= 0:
-            raise bad("lr", "tuned, common or a learning rate > 0")
-        plan["lr"] = lr
-    if plan["paired_by"] not in PAIRED_BY:
-        raise bad("paired_by", ", ".join(PAIRED_BY))
-    if plan["interval"] not in INTERVALS:
-        raise bad("interval", ", ".join(INTERVALS))
+        plan["lr"] = lr if lr is not None else plan["lr"]
+    try:
+        Rules(**{k: plan[k] for k in RULES}).check()
+    except CompareError as err:
+        field = next(k for k, option in OPTIONS.items() if option == err.option)
+        raise bad(field, str(err).split("allowed: ", 1)[-1]) from None
     seeds = plan["seeds"]
     if (not isinstance(seeds, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds)
             or len(set(seeds)) != len(seeds)):
@@ -114,6 +122,12 @@ def parse_plan(text: str, source: str = "plan") -> dict:
     if "question" in plan and not isinstance(plan["question"], str):
         raise bad("question", "text")
     return plan
+
+
+def recorded_defaults(record: Mapping) -> dict[str, Any]:
+    """The defaults a recorded plan is graded with: today's for a plan of this rules version, else the rules of the
+    time before versions (REGISTERED_BEFORE) over today's."""
+    return DEFAULTS if record.get("rules_version") == RULES_VERSION else {**DEFAULTS, **REGISTERED_BEFORE}
 
 
 def _sha256(data: bytes | str) -> str:
@@ -142,7 +156,7 @@ def record_plan(plan_file: str | Path, sweep: str, logs: str | Path = "logs", fo
         raise PlanError(f"{path} already holds a plan (recorded {read_record(path).get('recorded_at')}); a plan is "
                         "recorded once, before its runs: pass --force to replace it")
     record = {"sweep": sweep, "plan": plan, "plan_file": str(plan_file.resolve()), "plan_sha256": _sha256(data),
-              "recorded_at": _utc_now(), "plan_text": text}
+              "recorded_at": _utc_now(), "plan_text": text, "rules_version": RULES_VERSION}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -187,7 +201,7 @@ def _time(text: Any) -> datetime | None:
 def grade(record: Mapping, records: Sequence[Mapping], path: str | Path = "plan.json") -> tuple[dict, list, Any, dict]:
     """(the compare() rules of the recorded plan, the runs of planned seeds, a run_check that flags runs started
     before the plan, the plan's facts for the report)."""
-    plan = parse_plan(record["plan_text"], f"{path} (its recorded plan)")
+    plan = parse_plan(record["plan_text"], f"{path} (its recorded plan)", recorded_defaults(record))
     recorded = _time(record["recorded_at"])
     plan_file = Path(record.get("plan_file") or "")
     now = _sha256(plan_file.read_bytes()) if plan_file.is_file() else None

@@ -30,7 +30,7 @@ from typing import Any
 from minillm import branch_report
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
-from minillm.runs import Run, group_runs, load_runs
+from minillm.runs import Run, RunsError, distinct_runs, group_runs, load_runs, unfinished
 
 GROUP_KEYS = ("norm", "placement", "lr")
 # config keys that split rows when they vary across the sweep (seed never does: seeds are pooled)
@@ -151,10 +151,15 @@ def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
         ([r["norm"], r["placement"], *(r[k] for k in extra), f"{r['lr_sensitivity']:.4f}", r["best_lr"],
           f"{r['best_loss']:.4f}", r["highest_stable_lr"], ", ".join(_fmt(lr) for lr in r["lr_grid"]),
           r["max_attn_logit_diverged"]] for r in data["sensitivity"]))
-    plots = "\n".join(f"![{p[:-4]}]({p})" for p in PLOTS)
+    plots = "\n".join(f"![{p[:-4]}]({p})" for p in data.get("plots", PLOTS))
     incomplete = data.get("incomplete") or []
     left_out = (f"{len(incomplete)} run(s) stopped before their end and not resumed are left out: "
                 f"{', '.join(incomplete)}.\n\n" if incomplete else "")
+    if data.get("unfinished"):
+        left_out += (f"**{len(data['unfinished'])} run(s) have not ended** (training now, or killed before their "
+                     f"summary): {', '.join(data['unfinished'])}.\n\n")
+    if data.get("duplicates"):
+        left_out += f"Listed twice and counted once: {', '.join(data['duplicates'])}.\n\n"
     return (f"# Sweep report: {sweep_dir}\n\n{data['n_runs']} runs; seeds pooled per row. Diverged: "
             "non-finite loss or weights, loss above the ceiling, or final val loss >= ln(vocab).\n\n"
             f"{left_out}"
@@ -169,13 +174,20 @@ def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
 
 def _mean_curve(runs: Sequence[Run], metric: str) -> tuple[list[int], list[float]]:
     """Mean over runs at each logged step (NaN / inf dropped)."""
+    steps, mean, _, _ = _spread_curve(runs, metric)
+    return steps, mean
+
+
+def _spread_curve(runs: Sequence[Run], metric: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, mean, min, max) over the runs (seeds) at each logged step, NaN / inf dropped."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for r in runs:
         for step, value in r.curves.get(metric, []):
             if math.isfinite(value):
                 by_step[step].append(value)
     steps = sorted(by_step)
-    return steps, [statistics.fmean(by_step[s]) for s in steps]
+    return (steps, [statistics.fmean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
+            [max(by_step[s]) for s in steps])
 
 
 def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -183,28 +195,51 @@ def _label(keys: Sequence[str], values: Sequence[Any]) -> str:
                     for k, v in zip(keys, values, strict=True))
 
 
+def zoomed(values: Sequence[Sequence[float]], skip: float = 0.1) -> tuple[float, float] | None:
+    """y limits that show the curves after their first ``skip`` of steps (the fall from ln V), padded 5%: a
+    difference of a hundredth of a nat stays visible."""
+    shown = [v for curve in values for v in curve[int(skip * len(curve)):] if math.isfinite(v)]
+    if not shown:
+        return None
+    low, high = min(shown), max(shown)
+    pad = 0.05 * (high - low or abs(high) or 1.0)
+    return low - pad, high + pad
+
+
 def _curve_grid(runs: Sequence[Run], panel_key: str, line_keys: Sequence[str], metric: str, path: Path,
-                ylabel: str, log_y: bool = False, ylim: tuple[float, float] | None = None) -> None:
+                ylabel: str, log_y: bool = False, zoom: bool = False) -> bool:
+    """One panel per value of panel_key, one line per value of line_keys overlaid in it: the seeds' mean with their
+    range shaded. Drawn only when some panel compares (holds two lines or more); returns whether it was."""
     import matplotlib.pyplot as plt
 
     panels = group_runs(runs, [panel_key])
+    lines = {panel: group_runs(members, line_keys) for (panel,), members in panels.items()}
+    if not any(len(groups) > 1 for groups in lines.values()):
+        return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False, sharey=True)
-    for ax, ((panel,), members) in zip(axes[0], panels.items(), strict=True):
-        for key, rs in group_runs(members, line_keys).items():
-            steps, values = _mean_curve(rs, metric)
+    drawn = []
+    for ax, (panel, groups) in zip(axes[0], lines.items(), strict=True):
+        for key, rs in groups.items():
+            steps, values, low, high = _spread_curve(rs, metric)
             if steps:
-                ax.plot(steps, values, label=_label(line_keys, key), lw=1.2)
+                n = len({r.get("seed") for r in rs})
+                line, = ax.plot(steps, values, label=_label(line_keys, key) + (f" ({n} seeds)" if n > 1 else ""),
+                                lw=1.2)
+                if n > 1:
+                    ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, lw=0)
+                drawn += [values, low, high] if n > 1 else [values]
         ax.set_title(f"{panel_key}={panel}")
         ax.set_xlabel("step")
         ax.set_yscale("log" if log_y else "linear")
-        if ylim:
-            ax.set_ylim(*ylim)
         if ax.lines:
             ax.legend(fontsize=7)
-    axes[0][0].set_ylabel(ylabel)
+    if zoom and (limits := zoomed(drawn)):
+        axes[0][0].set_ylim(*limits)
+    axes[0][0].set_ylabel(ylabel + (" (seeds' range shaded)" if zoom else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def _last(run: Run, metric: str) -> float:
@@ -260,27 +295,34 @@ def _sensitivity_plot(data: dict[str, Any], path: Path) -> None:
 
 
 def plot_all(runs: Sequence[Run], data: dict[str, Any], out: Path) -> list[Path]:
+    """The plots that compare something in this sweep (PLOTS, in order); a plot whose panels hold one line each,
+    or an lr plot of a sweep with one lr per row, is not drawn (a stale one from an earlier report is removed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     extra = data["extra_keys"]
-    finals = _finite(r.get("best_val_loss") for r in runs)
-    init = _max(r.get("loss_init") for r in runs)
-    ylim = (0.95 * min(finals), 1.25 * init) if finals and init else None
+    drawn = {}
     for i, (panel, other) in enumerate((("norm", "placement"), ("placement", "norm"))):
-        _curve_grid(runs, panel, [other, "lr", *extra], TRAIN_LOSS, out / PLOTS[i], "train loss", ylim=ylim)
-    _curve_grid(runs, "norm", ["placement", "lr", *extra], GRAD_NORM, out / PLOTS[2], "grad norm",
-                log_y=True)
+        drawn[PLOTS[i]] = _curve_grid(runs, panel, [other, "lr", *extra], TRAIN_LOSS, out / PLOTS[i], "train loss",
+                                      zoom=True)
+    drawn[PLOTS[2]] = _curve_grid(runs, "norm", ["placement", "lr", *extra], GRAD_NORM, out / PLOTS[2],
+                                  "grad norm", log_y=True)
     _residual_plot(runs, [*GROUP_KEYS, *extra], out / PLOTS[3])
-    _sensitivity_plot(data, out / PLOTS[4])
-    return [out / p for p in PLOTS]
+    drawn[PLOTS[3]] = True
+    drawn[PLOTS[4]] = any(len(r["lr_grid"]) > 1 for r in data["sensitivity"])
+    if drawn[PLOTS[4]]:
+        _sensitivity_plot(data, out / PLOTS[4])
+    for name, made in drawn.items():
+        if not made:
+            (out / name).unlink(missing_ok=True)
+    return [out / p for p in PLOTS if drawn[p]]
 
 
 def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path | None = None,
-                 found: Sequence[Run] | None = None) -> Path:
+                 found: Sequence[Run] | None = None, unfinished: Sequence[str] = ()) -> Path:
     """Read the sweep(s), write report.md, report.json and the PNGs to out (default <first sweep_dir>/report)."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
-    found = list(found) if found is not None else load_runs(dirs)
+    found, duplicates = distinct_runs(list(found) if found is not None else load_runs(dirs))
     runs = [r for r in found if r.get("status") != "preempted"]  # stopped by a signal and not resumed yet
     if not runs:
         raise FileNotFoundError(f"every run under {', '.join(map(str, dirs))} was stopped before its end (status "
@@ -289,8 +331,9 @@ def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path |
     out.mkdir(parents=True, exist_ok=True)
     data = summarize(runs)
     data["incomplete"] = sorted(str(r.dir) for r in found if r.get("status") == "preempted")
+    data["duplicates"], data["unfinished"] = duplicates, list(unfinished)
+    data["plots"] = [p.name for p in plot_all(runs, data, out)]
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    plot_all(runs, data, out)
     text = markdown(data, Path(", ".join(map(str, dirs))))
     if any(branch_report.is_branch(r) for r in runs):  # decay branches: loss vs tokens (minillm.branch_report)
         branch_report.plot(runs, out / branch_report.PLOT)
@@ -316,17 +359,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("sweep_dir", type=Path, nargs="+", help="folder(s) holding run folders with summary.json")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep_dir>/report)")
     verdict_report.add_arguments(parser)
+    parser.add_argument("--skip-bad", action="store_true", help="skip run folders whose summary.json cannot be "
+                        "read (each named in a warning) instead of stopping at the first")
     args = parser.parse_args(argv)
+    bad: list[str] | None = [] if args.skip_bad else None
     try:
-        found = load_runs(args.sweep_dir)
+        found = load_runs(args.sweep_dir, bad=bad)
     except FileNotFoundError as err:
         parser.error(str(err))
-    verdicts = verdict_report.prepare(parser, args, found)  # checked and computed before anything is written
+    except RunsError as err:
+        parser.error(f"{err}; fix or remove it, or pass --skip-bad to leave it out")
+    for message in bad or []:
+        print(f"warning: skipped {message}", file=sys.stderr)
+    still = unfinished(args.sweep_dir)
+    if still:
+        print(f"warning: {len(still)} run(s) have not ended (training now, or killed before their summary): "
+              f"{', '.join(still[:3])}{' ...' if len(still) > 3 else ''}; the report covers the runs that ended",
+              file=sys.stderr)
+    verdicts = verdict_report.prepare(parser, args, found, still)  # checked and computed before anything is written
     try:
-        path = write_report(args.sweep_dir, args.out, found)
+        path = write_report(args.sweep_dir, args.out, found, still)
     except FileNotFoundError as err:
         parser.error(str(err))
-    print(f"wrote {path} and {len(PLOTS)} plots")
+    plots = json.loads((path.parent / "report.json").read_text())["plots"]
+    print(f"wrote {path} and {len(plots)} plots")
     if verdicts is not None:
         files = verdict_report.write(verdicts, path.parent)
         counts = Counter(c["verdict"] for c in verdicts["comparisons"])

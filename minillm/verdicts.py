@@ -11,7 +11,13 @@ Every distribution comes from scipy.stats. A difference is always ``arm - baseli
     sign_test(arm, baseline)           the sign test of paired differences (binomtest, p = 1/2)
     holm(pvalues)                      Holm's step-down adjustment of a family of p-values
     verdict(low, high, margin, higher_is_better)   the verdict vocabulary (VERDICTS)
-    seeds_needed(diff, sd, margin, alpha)          pairs a paired t interval would need to decide
+    seeds_needed(diff, sd, margin, alpha)          pairs a paired t interval would need to decide (at the observed
+                                       mean and spread: the rules registered before 2026-11-28)
+    tost_p(diff, se, df, margin)       the equivalence test: two one-sided t tests against -margin and +margin
+    step_down(pairs)                   adjusted p-values of (difference, equivalence) test pairs, family-wise
+    decide(diff, p_diff, p_equivalent, alpha, higher_is_better)   the verdict word from (adjusted) p-values
+    seeds_to_plan(diff, sd, n, margin, alpha, power, tests)       pairs a new sweep needs to decide with a
+                                       stated power, the spread taken at its upper confidence bound
     against_threshold(values, threshold, direction, alpha)   a seed mean against a fixed threshold: its t
                                        interval and the one-sided p of "the rule's side of the threshold"
     window_se(arm_windows, baseline_windows, paired)  the validation sampling error of a difference of mean losses
@@ -21,6 +27,7 @@ Every distribution comes from scipy.stats. A difference is always ``arm - baseli
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -110,6 +117,7 @@ def bootstrap(arm: Sequence[float], baseline: Sequence[float], alpha: float = 0.
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+@functools.lru_cache(maxsize=4096)
 def exact_ci(k: int, n: int, alpha: float = 0.05) -> tuple[float, float] | None:
     """Clopper-Pearson (exact) (1 - alpha) interval of a rate of k events in n runs; None when n = 0."""
     if n == 0:
@@ -121,6 +129,7 @@ def exact_ci(k: int, n: int, alpha: float = 0.05) -> tuple[float, float] | None:
 FISHER_ALTERNATIVES = ("two-sided", "greater", "less")
 
 
+@functools.lru_cache(maxsize=4096)
 def fisher_p(k_arm: int, n_arm: int, k_baseline: int, n_baseline: int, alternative: str = "two-sided") -> float | None:
     """p of Fisher's exact test of the 2x2 table [[k_arm, n_arm - k_arm], [k_base, n_base - k_base]]; None when an
     arm has no runs. ``alternative``: two-sided (the default, what a comparison reports), or greater / less: the
@@ -268,3 +277,135 @@ def with_window_error(arm: Sequence[float], baseline: Sequence[float], paired: b
     p = float(2.0 * stats.t.sf(abs(diff) / se, df))
     return {"diff": diff, "ci_low": diff - half, "ci_high": diff + half, "p": p, "se_seeds": se_s,
             "se_window": se_window, "df": df, "method": method}
+
+
+# --- decisions with a controlled error rate -------------------------------------------------------------------------
+
+
+def standard_error(arm: Sequence[float], baseline: Sequence[float], paired: bool) -> tuple[float, float] | None:
+    """(standard error, degrees of freedom) of paired_t's (paired) or welch_t's difference; None below 2 values."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    if paired:
+        return (float((a - b).std(ddof=1)) / math.sqrt(len(a)), len(a) - 1.0) if len(a) >= 2 else None
+    if min(len(a), len(b)) < 2:
+        return None
+    va, vb = float(a.var(ddof=1)) / len(a), float(b.var(ddof=1)) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if va + vb > 0 else math.inf
+    return math.sqrt(va + vb), df
+
+
+def tost_p(diff: float | None, se: float | None, df: float | None, margin: float) -> float | None:
+    """p of the equivalence test (two one-sided t tests, Schuirmann 1987): the larger of the p of "delta <= -margin"
+    and of "delta >= +margin", each one-sided with ``df`` degrees of freedom. Equivalence at level alpha is
+    p <= alpha, the same as the (1 - 2 alpha) interval lying inside (-margin, +margin). A zero standard error
+    gives 0 or 1; None without an interval."""
+    if diff is None or se is None or df is None or not math.isfinite(diff):
+        return None
+    if se == 0.0:
+        return 0.0 if abs(diff) < margin else 1.0
+    below = float(stats.t.sf((diff + margin) / se, df))  # of H0: delta <= -margin
+    above = float(stats.t.cdf((diff - margin) / se, df))  # of H0: delta >= +margin
+    return max(below, above)
+
+
+def step_down(pairs: Sequence[tuple[float | None, float | None]]) -> list[tuple[float | None, float | None]]:
+    """Adjusted p-values of a family of comparisons, each a pair (p of "no difference", p of "not equivalent").
+
+    The two nulls of one comparison exclude each other (delta = 0 and |delta| >= margin cannot both hold), so at
+    most one per comparison is true. Shaffer's (1986) step-down: the 2m p-values sorted; the i-th is multiplied by
+    t_i, the most nulls that can still be true when the i - 1 before it are false, i.e. the number of comparisons
+    with a test not yet passed; adjusted p_(i) = max over j <= i of min(1, t_j p_(j)). A word read from adjusted
+    p <= alpha keeps the chance of any false better / worse / equivalent in the family at most alpha, whatever
+    the dependence between the tests. One comparison: the p-values unchanged. None stays None (no test)."""
+    items = sorted((p, i, j) for i, pair in enumerate(pairs) for j, p in enumerate(pair) if p is not None)
+    left = [sum(p is not None for p in pair) for pair in pairs]  # each comparison's tests not yet passed
+    out: list[list[float | None]] = [[None, None] for _ in pairs]
+    running = 0.0
+    for p, i, j in items:
+        t = sum(n > 0 for n in left)
+        running = max(running, min(1.0, t * p))
+        out[i][j] = running
+        left[i] -= 1
+    return [(a, b) for a, b in out]
+
+
+def decide(diff: float | None, p_difference: float | None, p_equivalent: float | None, alpha: float,
+           higher_is_better: bool = False) -> str:
+    """The verdict word from (adjusted) p-values: ``equivalent`` when the equivalence test passes at alpha, else
+    ``better`` / ``worse`` (by the sign of diff) when the test of no difference rejects at alpha, else
+    ``inconclusive``. VERDICT_RULES says what each word promises."""
+    if p_equivalent is not None and p_equivalent <= alpha:
+        return "equivalent"
+    if p_difference is not None and p_difference <= alpha and diff is not None and diff != 0.0:
+        return "better" if (diff < 0) != higher_is_better else "worse"
+    return "inconclusive"
+
+
+VERDICT_RULES = {
+    "equivalent": "the equivalence test (two one-sided t tests against the margin) passes at alpha after the "
+                  "family-wise adjustment: the (1 - 2 alpha) interval lies inside (-margin, +margin) with room for "
+                  "the other comparisons of the report",
+    "better": "not equivalent, and the test of no difference rejects at alpha after the adjustment, on the better "
+              "side (below 0 when lower is better)",
+    "worse": "not equivalent, and the test of no difference rejects at alpha after the adjustment, on the worse side",
+    "inconclusive": "neither: more seeds (seeds needed), or a larger margin, would be needed to decide",
+}
+PLAN_POWER = 0.8  # seeds_to_plan's default: the chance that a new sweep of that size decides
+PLAN_SD_CONFIDENCE = 0.8  # the spread a plan assumes: the upper 80% confidence bound of the observed sd
+
+
+def seeds_to_plan(diff: float | None, sd: float | None, n: int, margin: float, alpha: float = 0.05,
+                  power: float = PLAN_POWER, tests: int = 1, sd_confidence: float = PLAN_SD_CONFIDENCE,
+                  max_n: int = 10_000) -> int | None:
+    """The smallest number of pairs N for which a new sweep decides with probability >= ``power``, if the true
+    difference is the observed ``diff`` and the spread of the differences is the upper ``sd_confidence``
+    confidence bound of the observed ``sd`` (from n differences: sd * sqrt((n - 1) / chi2_(1 - conf)(n - 1)): a
+    plan on the observed spread itself is met about half the time). "Decides": the two-sided t test rejects at
+    alpha / tests (``tests``: the report's comparisons, Bonferroni, a conservative stand-in for the step-down),
+    or the equivalence test passes at that level; the larger of the two powers (noncentral t; the equivalence
+    power by the usual bound P1 + P2 - 1). A planning number, not a promise. None without a spread (n < 2) or
+    beyond max_n."""
+    if diff is None or sd is None or n < 2 or not (math.isfinite(sd) and math.isfinite(diff)):
+        return None
+    if sd == 0.0:
+        return 2
+    sd_plan = sd * math.sqrt((n - 1) / stats.chi2.ppf(1.0 - sd_confidence, n - 1))
+    level = alpha / max(tests, 1)
+
+    def decides(big_n: np.ndarray) -> np.ndarray:
+        df, se = big_n - 1.0, sd_plan / np.sqrt(big_n)
+        crit = stats.t.ppf(1.0 - level / 2.0, df)
+        p_difference = stats.nct.sf(crit, df, diff / se) + stats.nct.cdf(-crit, df, diff / se)
+        one_sided = stats.t.ppf(1.0 - level, df)
+        p_equivalent = np.clip(stats.nct.sf(one_sided, df, (diff + margin) / se)
+                               + stats.nct.cdf(-one_sided, df, (diff - margin) / se) - 1.0, 0.0, 1.0)
+        return np.maximum(p_difference, p_equivalent) >= power
+
+    # the power grows with N: look on a doubling grid, then at every N below the first that decides
+    coarse = np.unique(np.minimum(2 ** np.arange(1, 15), max_n)).astype(float)
+    hits = decides(coarse)
+    if not hits.any():
+        return None
+    first = int(np.argmax(hits))
+    low = 2.0 if first == 0 else coarse[first - 1] + 1
+    fine = np.arange(low, coarse[first] + 1)
+    return int(fine[np.argmax(decides(fine))])
+
+
+def rank_test(arm: Sequence[float], baseline: Sequence[float], paired: bool = True) -> dict:
+    """The rank test of "no difference" for outcomes with failed runs in them (a failed run entered at a penalty
+    loss: worse than any run that trained, by an amount that is a convention): paired, Wilcoxon's signed-rank test
+    of the differences arm[i] - baseline[i] (scipy.stats.wilcoxon; zero differences, e.g. a seed that failed in
+    both, left out; exact below 50 pairs without ties); unpaired, the Mann-Whitney U test (mannwhitneyu). Only
+    the order of the outcomes counts, not the size of the penalty. Both are exact under the null that the arms'
+    labels are exchangeable (within each pair), which is what a false "better" or "worse" needs. {p, method};
+    p None without a difference to test."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
+    if paired:
+        d = a - b
+        if not np.any(d != 0.0):
+            return {"p": 1.0 if len(d) else None, "method": "signed-rank"}
+        return {"p": float(stats.wilcoxon(d, zero_method="wilcox").pvalue), "method": "signed-rank"}
+    if not len(a) or not len(b):
+        return {"p": None, "method": "Mann-Whitney U"}
+    return {"p": float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue), "method": "Mann-Whitney U"}

@@ -39,7 +39,8 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     recorded = datetime.fromisoformat(record["recorded_at"])
     assert recorded.tzinfo is not None and abs((datetime.now(timezone.utc) - recorded).total_seconds()) < 60
     assert record["plan"] == {**parse_plan(PLAN), "question": record["plan"]["question"]}
-    assert record["plan"]["metric"] == "final_val_loss" and record["plan"]["alpha"] == 0.05  # the defaults, recorded
+    assert record["plan"]["metric"] == "auto" and record["plan"]["alpha"] == 0.05  # the defaults, recorded
+    assert record["rules_version"] == 2 and record["plan"]["failures"] == "penalize"
     assert f"recorded {tmp_path / 'logs' / 's' / 'plan.json'}" in out
     code, _, err = report_main(["plan", tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
     assert code == 2 and "already holds a plan" in err and "pass --force to replace it" in err
@@ -77,7 +78,7 @@ def test_a_sweep_graded_by_its_plan_follows_the_plan_whatever_the_command_line_s
         if (r["seed"], r["norm"], r["lr"]) == (0, "layernorm", 3e-3)])
     code, out, err = report_main([sweep, extra, "--plan", "--metric", "best_val_loss", "--lr", "common"], capsys)
     assert code == 0, err
-    assert f"note: --metric best_val_loss ignored: the plan {path} fixes metric=final_val_loss" in out
+    assert f"note: --metric best_val_loss ignored: the plan {path} fixes metric=auto" in out
     assert "note: --lr common ignored: the plan" in out
     data = json.loads((sweep / "report" / "verdicts.json").read_text())
     assert data["metric"] == "final_val_loss" and data["lr_rule"] == "tuned" and data["margin"] == 0.02
@@ -89,7 +90,8 @@ def test_a_sweep_graded_by_its_plan_follows_the_plan_whatever_the_command_line_s
     assert all(c["plan_hash"] == plan["plan_hash"] for c in arms.values())
     assert (arms["rmsnorm"]["expected"], arms["rmsnorm"]["as_expected"]) == ("equivalent", True)
     assert (arms["scalenorm"]["arm_lr"], arms["scalenorm"]["as_expected"]) == (1e-2, True)
-    assert (arms["dyt"]["verdict"], arms["dyt"]["expected"], arms["dyt"]["as_expected"]) == ("worse", "better", False)
+    assert (arms["dyt"]["verdict"], arms["dyt"]["expected"], arms["dyt"]["as_expected"]) == ("inconclusive", "better",
+                                                                                           False)
     assert arms["powernorm"]["expected"] is None and arms["powernorm"]["as_expected"] is None
     assert all(c["warnings"] == [] for c in arms.values())
     assert "equivalent (met)" in (sweep / "report" / "verdicts.md").read_text()

@@ -116,6 +116,14 @@ def test_short_run_logs_metrics_checkpoints_and_sample(tmp_path, corpus):
     assert val.dtype == np.float64 and len(val) == cfg.data.val_windows and len(test) >= len(val)
     assert val.mean() == pytest.approx(summary["final_val_loss"], rel=1e-5)
     assert test.mean() == pytest.approx(metrics["test/loss"], rel=1e-5)
+    # every setting a user can sweep, for the comparison's strata: optimizer and its lrs, schedule, data, model
+    settings = summary["settings"]
+    assert settings["optimizer"]["_target_"] == "torch.optim.AdamW" and settings["optimizer"]["lr"] == summary["lr"]
+    assert (settings["scheduler"]["warmup_steps"], settings["scheduler"]["kind"]) == (cfg.scheduler.warmup_steps,
+                                                                                     "cosine")
+    assert (settings["data"]["source"], settings["data"]["tokenizer"]) == (cfg.data.source, cfg.data.tokenizer)
+    assert settings["model"]["norm"] == summary["norm"] and settings["model"]["dim"] == summary["dim"]
+    assert settings["seed"] == summary["seed"] and settings["trainer"]["precision"] == summary["precision"]
 
 
 def test_resume_continues_step_count_and_loss_curve(tmp_path, corpus):

@@ -11,9 +11,22 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from minillm.compare import CompareError, compare, strata_keys, tuning_loss
+from minillm.compare import CompareError, compare, strata_keys
+from minillm.lr_choice import tuning_loss
+from minillm.rules import REGISTERED_BEFORE
 from minillm.runs import find_runs
-from minillm.verdicts import bootstrap, exact_ci, fisher_p, holm, paired_t, seeds_needed, sign_test, verdict, welch_t
+from minillm.verdicts import (
+    bootstrap,
+    exact_ci,
+    fisher_p,
+    holm,
+    paired_t,
+    seeds_needed,
+    seeds_to_plan,
+    sign_test,
+    verdict,
+    welch_t,
+)
 
 LOSS_INIT, UNIGRAM = math.log(65), 3.0
 LRS = (1e-3, 3e-3, 1e-2, 3e-2)
@@ -180,8 +193,9 @@ def test_each_arm_at_its_own_tuned_lr_gives_the_right_effect_size(planted):
     assert (fixed["arm_lr"], fixed["baseline_lr"]) == (1e-2, 1e-2) and fixed["verdict"] == "better"
 
 
-def test_diverged_runs_are_counted_with_exact_tests_and_left_out_of_the_pairs(planted):
-    dyt = by_arm(compare(find_runs(planted), "norm", "layernorm"))["dyt"]
+def test_diverged_runs_are_counted_with_exact_tests_and_left_out_of_the_pairs_under_the_old_rules(planted):
+    """--failures drop (the rules registered before failed runs counted): survivors only, failures beside them."""
+    dyt = by_arm(compare(find_runs(planted), "norm", "layernorm", **REGISTERED_BEFORE))["dyt"]
     assert dyt["arm_lr"] == 3e-3  # diverged runs count as ln V at every lr: the best lr stays
     assert (dyt["fail_arm"], dyt["n_arm"], dyt["fail_baseline"], dyt["n_baseline"]) == (3, 8, 0, 8)
     assert dyt["diverged_arm"] == 3 and dyt["fisher_p"] == pytest.approx(0.2)
@@ -191,7 +205,7 @@ def test_diverged_runs_are_counted_with_exact_tests_and_left_out_of_the_pairs(pl
 
 
 def test_an_undecided_arm_is_inconclusive_with_the_seeds_a_decision_needs(planted):
-    result = compare(find_runs(planted), "norm", "layernorm")
+    result = compare(find_runs(planted), "norm", "layernorm", **REGISTERED_BEFORE)
     pn = by_arm(result)["powernorm"]
     d = np.array(POWERNORM_DIFFS)
     assert pn["diff"] == pytest.approx(d.mean()) and pn["verdict"] == "inconclusive" and not pn["significant"]
@@ -202,6 +216,10 @@ def test_an_undecided_arm_is_inconclusive_with_the_seeds_a_decision_needs(plante
     ps = [c["p"] for c in result["comparisons"]]
     assert [c["p_holm"] for c in result["comparisons"]] == pytest.approx(holm(ps))
     assert [c["arm"] for c in result["comparisons"]] == ["dyt", "powernorm", "rmsnorm", "scalenorm"]
+    # today's rules: a planning number for 4 comparisons, 80% power, the spread at its upper 80% bound
+    now = by_arm(compare(find_runs(planted), "norm", "layernorm"))["powernorm"]
+    assert now["verdict"] == "inconclusive" and now["diff"] == pytest.approx(d.mean())
+    assert now["seeds_needed"] == seeds_to_plan(d.mean(), d.std(ddof=1), 8, 0.02, tests=4) > 23
 
 
 def test_a_config_key_that_varies_within_an_arm_splits_strata(tmp_path):
@@ -219,9 +237,12 @@ def test_warnings_that_make_a_verdict_not_informative():
     (c,) = compare(few, "norm", "layernorm")["comparisons"]
     assert not c["informative"] and any("only 2 pairs (fewer than 3)" in w for w in c["warnings"])
     stalled = [run("layernorm", 1e-3, s, 2.0) for s in range(4)] + [run("rmsnorm", 1e-3, s, 3.01) for s in range(4)]
-    (c,) = compare(stalled, "norm", "layernorm")["comparisons"]
+    (c,) = compare(stalled, "norm", "layernorm", failures="drop")["comparisons"]
     assert c["fail_arm"] == 4 and c["verdict"] == "inconclusive" and not c["informative"]
     assert any("every run of the arm failed or stalled at the unigram loss" in w for w in c["warnings"])
+    (c,) = compare(stalled, "norm", "layernorm")["comparisons"]  # failures counted at ln V: the arm is worse
+    assert c["fail_arm"] == 4 and c["verdict"] == "worse" and c["informative"]
+    assert c["diff"] == pytest.approx(LOSS_INIT - 2.0)
     kernels = [run("layernorm", 1e-3, s, 2.0 + 0.01 * s) for s in range(4)] + [
         run("rmsnorm", 1e-3, s, 2.003 + 0.01 * s + 0.0001 * s, cpu_capability="AVX512") for s in range(4)]
     (c,) = compare(kernels, "norm", "layernorm")["comparisons"]
@@ -245,7 +266,8 @@ def test_tuning_loss_is_the_outcome_rule():
     ({"factor": "placement"}, "--compare: placement does not vary (every run has pre); allowed: norm"),
     ({"factor": "seed"}, "--compare: seed cannot be the factor"),
     ({"baseline": "batchnorm"}, "--baseline: 'batchnorm' is not a value of norm; allowed: dyt, layernorm, powernorm"),
-    ({"metric": "val_bpb"}, "--metric: 'val_bpb' has no value in the runs' summary.json; allowed: best_val_loss, "),
+    ({"metric": "val_bpb"}, "--metric: 'val_bpb' has no value in the runs' summary.json; allowed: auto, "
+                            "best_val_loss, "),
     ({"margin": 0.0}, "--margin: 0.0 is invalid; allowed: a number > 0"),
     ({"alpha": 1.0}, "--alpha: 1.0 is invalid; allowed: a number in (0, 1)"),
     ({"lr": 5e-3}, "--lr: 0.005: dyt has no run at that lr (its lrs: 0.001, 0.003, 0.01, 0.03)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,7 +39,10 @@ class RunSummary(L.Callback):
                norm_impl (each norm's implementation as it ran: {norm: reference | torch | compiled | triton}),
                loss_init = ln V, parent (a decay branch: the run folder, checkpoint and step it branched from),
                unigram_loss (the validated targets' cross entropy under the train split's unigram frequencies,
-               from the datamodule: the score of a model that ignores context, on the tokens val/loss covers)
+               from the datamodule: the score of a model that ignores context, on the tokens val/loss covers),
+               settings (every setting a user can sweep, nested as the config: optimizer with its lrs, scheduler,
+               data set and tokenizer, loss options, trainer math, world_size, seed, and the model config; the
+               comparison engine splits strata on any of them that varies)
       results  status (completed | diverged | not_trained | failed | preempted: stopped by a signal, to be
                resumed; failed is null then; minillm.outcome defines them), error, steps, final_val_loss,
                best_val_loss, best_val_step, test_loss, test_weights (the checkpoint the test pass loaded, or
@@ -263,9 +267,19 @@ class RunSummary(L.Callback):
             "callback_errors": {type(c).__name__: c.failure for c in trainer.callbacks if isinstance(c, Observer)
                                 and c.failure} or None,
             "started_at": self._started_at, "written_at": _utc_now(),
+            "settings": run_settings_of(hp, cfg),
             **provenance(),
         })
         return s
+
+
+def run_settings_of(hparams: Mapping, cfg: Any) -> dict[str, Any] | None:
+    """Every setting a user can sweep, nested as the config is: what a resume must keep (the module's run_settings:
+    optimizer and its lrs, schedule, data set and tokenizer, loss options, trainer math) and the model config."""
+    settings = dict(hparams.get("run_settings") or {})
+    if dataclasses.is_dataclass(cfg):
+        settings["model"] = dataclasses.asdict(cfg)
+    return settings or None
 
 
 def _utc_now() -> str:

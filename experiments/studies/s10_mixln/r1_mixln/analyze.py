@@ -56,6 +56,7 @@ from experiments.common.study import Runs, by_seed, ci, load, mean, paired, pars
 from minillm.compare import compare
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare, each placement against Pre-LN per depth, margin GAP."""
-    return compare(runs, "placement", "pre", margin=GAP)
+    return compare(runs, "placement", "pre", margin=GAP, **REGISTERED_BEFORE)
 
 
 if __name__ == "__main__":

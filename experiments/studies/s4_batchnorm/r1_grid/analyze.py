@@ -25,6 +25,7 @@ from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, pai
 from minillm.compare import compare
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "layernorm", "rmsnorm")
@@ -67,7 +68,7 @@ def val_train_gap(run: dict) -> float | None:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin GAP."""
-    return compare(runs, "norm", "layernorm", margin=GAP)
+    return compare(runs, "norm", "layernorm", margin=GAP, **REGISTERED_BEFORE)
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:

@@ -58,6 +58,7 @@ from minillm.callbacks import bn_sampling_null
 from minillm.compare import compare
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "powernorm", "layernorm")
@@ -188,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin MARGIN."""
-    return compare(runs, "norm", "layernorm", margin=MARGIN)
+    return compare(runs, "norm", "layernorm", margin=MARGIN, **REGISTERED_BEFORE)
 
 
 if __name__ == "__main__":

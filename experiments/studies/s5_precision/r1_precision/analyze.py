@@ -31,6 +31,7 @@ from minillm import verdicts as st
 from minillm.compare import compare
 from minillm.metrics import AMP_SCALE, parse_metric
 from minillm.outcome import final_loss
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "peri")
@@ -134,7 +135,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare, each precision against fp32 per placement, margin SAME."""
-    return compare(runs, "precision_used", "32-true", margin=SAME)
+    return compare(runs, "precision_used", "32-true", margin=SAME, **REGISTERED_BEFORE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -41,6 +41,7 @@ import numpy as np
 
 from minillm import verdicts as st
 from minillm.compare import compare
+from minillm.rules import REGISTERED_BEFORE
 
 OUT = Path(__file__).parent
 
@@ -93,7 +94,7 @@ def analyze(runs: list[dict], seeds: Sequence[int]) -> dict:
 def verdicts(res: dict) -> dict:
     """minillm.compare's verdicts.json for the runs of a result: RMSNorm against LayerNorm, margin MARGIN."""
     return compare([{"lr": LR, "max_steps": res.get("max_steps", MAX_STEPS), **r} for r in res["runs"]], "norm",
-                   "layernorm", margin=MARGIN, lr=LR)
+                   "layernorm", margin=MARGIN, lr=LR, **REGISTERED_BEFORE)
 
 
 def write_result(res: dict, path: Path) -> None:

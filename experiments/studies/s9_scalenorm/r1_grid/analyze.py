@@ -36,6 +36,7 @@ from minillm import verdicts as st
 from minillm.compare import compare
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def numbers(res: dict) -> str:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare on the sweep, each norm against LayerNorm per warmup, at its tuned lr."""
-    return compare(runs, "norm", "layernorm", margin=MARGIN_PARITY)
+    return compare(runs, "norm", "layernorm", margin=MARGIN_PARITY, **REGISTERED_BEFORE)
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:

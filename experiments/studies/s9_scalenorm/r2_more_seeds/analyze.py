@@ -30,6 +30,7 @@ from experiments.common.study import Runs, load, parse_args, table, write, write
 from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
 from minillm.compare import compare
 from minillm.outcome import loss_for_comparison
+from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def plot(runs: Runs, results: dict, out: Path) -> None:
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.compare on the cell's runs (seeds in SEEDS), ScaleNorm against LayerNorm at LR."""
     return compare([r for rs in compared(runs).values() for r in rs], "norm", "layernorm", margin=s9.MARGIN_PARITY,
-                   lr=LR)
+                   lr=LR, **REGISTERED_BEFORE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
