@@ -16,7 +16,8 @@
   val loss. A failed run (minillm.outcome: diverged, crashed, not trained, stalled at the unigram loss) enters a
   loss at ln V, the loss of a uniform guess (``failures`` penalize), so every seed pair stays and an arm that fails
   more is worse; ``drop`` compares the survivors only. A metric not in nats has no penalty: failures left out.
-- **The learning rate** (minillm.lr_choice): tuned, common or given, chosen on other data than the verdict reads.
+- **The learning rate** (minillm.lr_choice): tuned, common or given; chosen on the validation loss where the verdict
+  reads the test loss, or cross-fitted across the halves of the seeds when asked.
 - **The difference** arm - baseline: paired by seed (auto when the two share a seed), the t interval of the paired
   differences, else Welch's; a BCa bootstrap interval from 8 differences; with ``window_error`` the sampling error
   of the evaluation windows added.

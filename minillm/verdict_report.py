@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", help="tuned (default: each arm at its own best lr), common (the one lr all arms ran, "
                    "best on average), or a learning rate")
     g.add_argument("--lr-choice", choices=LR_CHOICES, help="the data a tuned or common lr is chosen on (default auto: "
-                   "cross-fit across seeds where each half has 2 seeds, else the validation loss with the verdict "
-                   "on the test loss, else the judging runs, with a warning)")
+                   "the validation loss where the verdict reads the test loss, else the judging runs, with a "
+                   "warning; crossfit: each half of the seeds judged at the lr the other half chose)")
     g.add_argument("--failures", choices=FAILURES, help="penalize (default: a failed run counts at ln V, every pair "
                    "stays) or drop (survivors only, labelled so)")
     g.add_argument("--no-adjust", dest="adjust", action="store_const", const=ADJUSTS[1], help="words at alpha for "

@@ -213,7 +213,7 @@ def test_compare_writes_verdicts_next_to_the_report(tmp_path, capsys):
     assert verdicts == {"dyt": "inconclusive", "powernorm": "inconclusive", "rmsnorm": "equivalent",
                         "scalenorm": "equivalent"}
     md = (folder / "verdicts.md").read_text()
-    assert "| scalenorm | - | 0.01 / 0.003 | cross-fit (final_val_loss) | 8 |" in md and "**inconclusive**" in md
+    assert "| scalenorm | - | 0.01 / 0.003 | same data (final_val_loss) | 8 |" in md and "**inconclusive**" in md
     assert "- **dyt against layernorm: inconclusive**: final_val_loss +0.8" in md
     assert "it failed in 3 of 8 runs (baseline 0 of 8, Fisher p 0.2), each counted at ln V" in md
     assert "## What the verdicts mean" in md

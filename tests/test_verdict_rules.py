@@ -72,10 +72,10 @@ def lucky_halves() -> list[dict]:
     return runs
 
 
-def test_the_lr_is_chosen_on_the_other_half_of_the_seeds():
+def test_cross_fitting_judges_each_half_at_the_lr_the_other_half_chose():
     """Chosen on the judging runs, the lucky lr makes rmsnorm better by 0.025 (p < 0.05); cross-fitted, each half is
     judged at the lr the other half chose, where it had no luck: equivalent."""
-    c = only(compare(lucky_halves(), "norm", "layernorm"))
+    c = only(compare(lucky_halves(), "norm", "layernorm", lr_choice="crossfit"))
     assert c["verdict"] == "equivalent"
     assert c["lr_choice"]["how"] == "cross-fit" and c["lr_choice"]["chosen_on"] == "final_val_loss"
     folds = c["lr_choice"]["folds"]
@@ -83,14 +83,15 @@ def test_the_lr_is_chosen_on_the_other_half_of_the_seeds():
     assert [f["lrs"]["rmsnorm"] for f in folds] == [1e-3, 1e-2] and c["arm_lr"] == [1e-3, 1e-2]
     assert [f["lrs"]["layernorm"] for f in folds] == [3e-3, 3e-3] and c["baseline_lr"] == 3e-3
     assert c["diff"] == pytest.approx(0.0, abs=0.002) and c["verdict"] == "equivalent"
-    same = only(compare(lucky_halves(), "norm", "layernorm", lr_choice="same"))
-    assert same["verdict"] == "better" and same["diff"] == pytest.approx(-0.025, abs=0.002)
+    same = only(compare(lucky_halves(), "norm", "layernorm"))  # the default without test losses: the same runs
+    assert same["lr_choice"]["how"] == "same data" and same["verdict"] == "better"
+    assert same["diff"] == pytest.approx(-0.025, abs=0.002)
     assert any("chosen on the runs that judge the verdict" in w for w in same["warnings"])
 
 
-def test_with_few_seeds_the_lr_is_chosen_on_validation_and_judged_on_the_test_loss():
-    """3 seeds cannot be halved: the lr is chosen on the final val loss, the verdict reads test_loss (auto), and a
-    warning says that a run's own luck is in both."""
+def test_the_lr_is_chosen_on_validation_and_judged_on_the_test_loss():
+    """By default the lr is chosen on the final val loss and the verdict reads test_loss (auto), with a warning that
+    a run's own luck is in both."""
     runs = []
     for s in range(3):
         for lr, val, test in ((1e-3, 2.00, 2.10), (1e-2, 2.05, 1.95)):  # val prefers 1e-3, test 1e-2

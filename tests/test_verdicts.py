@@ -172,7 +172,7 @@ def test_pairing_by_seed_shows_equivalence_that_an_unpaired_interval_cannot(plan
     assert paired["paired_by"] == "seed" and paired["n_pairs"] == 8 and paired["ci_method"] == "paired t"
     assert paired["diff"] == pytest.approx(0.004, abs=0.002)
     assert -0.02 < paired["ci_low"] < paired["ci_high"] < 0.02 and paired["verdict"] == "equivalent"
-    assert paired["bootstrap_interval"] is not None and paired["informative"] and paired["warnings"] == []
+    assert paired["informative"] and [w[:37] for w in paired["warnings"]] == ["the lr was chosen on the runs that ju"]
     unpaired = by_arm(compare(find_runs(planted), "norm", "layernorm", paired_by="none"))["rmsnorm"]
     assert unpaired["ci_method"] == "Welch t" and unpaired["n_pairs"] is None
     assert unpaired["diff"] == pytest.approx(paired["diff"])  # the same difference, a 20x wider interval
