@@ -333,3 +333,15 @@ def test_calibration_judgement_comes_back_from_the_committed_runs():
     committed = json.loads(independent.RESULTS.read_text())
     assert independent.judge(committed["pairs"]) == committed["verdict"]
     assert committed["verdict"]["within_target"] and committed["verdict"]["engine_verdict"] == "equivalent"
+
+
+@pytest.mark.slow
+def test_s3_stability_reanalysis_regenerates_the_committed_files(tmp_path):
+    """S3's re-analysis by the stability verdict (its README) writes the same verdicts from the committed runs."""
+    from experiments.studies.s3_lr_sensitivity import stability_reanalysis as s3
+
+    s3.main(["--out", str(tmp_path)])
+    for round_name, *_ in s3.QUESTIONS:
+        for name in ("verdicts.json", "verdicts.md"):
+            again, before = tmp_path / round_name / name, s3.HERE / "stability_reanalysis" / round_name / name
+            assert again.read_text() == before.read_text(), before
