@@ -388,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         counts = Counter(c["verdict"] for c in verdicts["comparisons"])
         print(f"wrote {', '.join(str(f) for f in files)}: " + (", ".join(f"{n} {v}" for v, n in sorted(
             counts.items())) or "no comparison"))
+        for c in verdicts["comparisons"]:
+            print("  " + verdict_report.short_line(c))
         if args.wandb:
             verdict_report.log_to_wandb(verdicts, path.parent, found)
 

@@ -183,6 +183,14 @@ def sentence(c: dict, result: dict) -> str:
     return text + "."
 
 
+def short_line(c: dict) -> str:
+    """One stdout line per comparison: arm, stratum, word, difference, failures, and whether it is informative."""
+    where = f" ({_stratum(c)})" if c["stratum"] else ""
+    diff = "-" if c["diff"] is None else f"{c['diff']:+.4f}"
+    return (f"{label(c['arm'])}{where}: {c['verdict']} ({diff}; failed {c['fail_arm']}/{c['n_arm']} vs "
+            f"{c['fail_baseline']}/{c['n_baseline']})" + ("" if c["informative"] else " (not informative)"))
+
+
 def rules_text(result: dict) -> list[str]:
     """How this report's verdicts were made, in the words of its rules."""
     lines = []

@@ -80,9 +80,27 @@ def test_report_rows_statistics_and_plots(sweep):
     assert rows[("layernorm", "post", 0.01)]["diverged_fraction"] == 1.0
     assert rows[("rmsnorm", "post", 0.01)]["diverged_fraction"] == 0.5
     assert rows[("rmsnorm", "pre", 0.01)]["diverged_fraction"] == 0.0
+    assert json.loads((path.parent / "report.json").read_text())["plots"] == list(PLOTS)
     for name in PLOTS:
         png = path.parent / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
+
+
+def test_plots_compare_arms_on_zoomed_axes_and_a_one_lr_sweep_has_no_lr_plot(tmp_path):
+    """Norms overlaid in one panel per placement with the seeds' range; the y axis shows the curves, not ln V; a
+    sweep of one lr draws no lr plot and report.md links only the plots it drew."""
+    from minillm.report import zoomed
+
+    root = tmp_path / "one_lr"
+    for i, (norm, seed) in enumerate((n, s) for n in ("layernorm", "rmsnorm") for s in range(3)):
+        make_run(root, i, norm, "pre", 3e-3, seed, 2.0 + 0.01 * seed)
+    path = write_report(root)
+    drawn = json.loads((path.parent / "report.json").read_text())["plots"]
+    assert "lr_sensitivity.png" not in drawn and not (path.parent / "lr_sensitivity.png").exists()
+    assert "loss_by_placement.png" in drawn and "loss_by_norm.png" not in drawn  # one line per norm panel
+    assert "lr_sensitivity" not in path.read_text().split("## Plots")[1]
+    curve = [4.2, 3.1] + [2.1 - 0.005 * i for i in range(18)]  # the fall from ln V, then a 0.085-nat slope
+    assert zoomed([curve]) == pytest.approx((2.015 - 0.00425, 2.1 + 0.00425))
 
 
 def test_lr_sensitivity_follows_the_definition(sweep):
@@ -203,6 +221,7 @@ def test_compare_writes_verdicts_next_to_the_report(tmp_path, capsys):
     assert {"report.md", "report.json", *PLOTS, "verdicts.json", "verdicts.md", "verdicts.png"} <= {
         p.name for p in folder.iterdir()}
     assert "2 equivalent, 2 inconclusive" in out
+    assert "  dyt: inconclusive (+0.8938; failed 3/8 vs 0/8)\n" in out
     data = json.loads((folder / "verdicts.json").read_text())
     assert {k: data[k] for k in ("factor", "baseline", "metric", "margin", "alpha", "lr_rule")} == {
         "factor": "norm", "baseline": "layernorm", "metric": "final_val_loss", "margin": 0.02, "alpha": 0.05,
