@@ -18,8 +18,10 @@ from torch import Tensor, nn
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.generation import KVCache, generate
 from minillm.norms import IMPLS, NORMS, build_norm, norm_options
+from minillm.placements import PLACEMENTS as LAYER_PLACEMENTS
+from minillm.placements import get as get_placement
 
-BLOCK_PLACEMENTS = ("pre", "post", "peri", "branch", "deepnorm")  # what one layer can be
+BLOCK_PLACEMENTS = tuple(LAYER_PLACEMENTS)  # what one layer can be (minillm.placements)
 PLACEMENTS = (*BLOCK_PLACEMENTS, "mix")  # mix: post in the first layers, pre after
 QK_NORMS = ("none", "rmsnorm", "layernorm")
 INITS = ("auto", "gpt2", "xavier", "small", "deepnet")
@@ -76,7 +78,7 @@ class ModelConfig:
                 fail(name, getattr(self, name), "a mapping of a norm's options, e.g. {eps_mode: outside}")
         check_choice("model.norm", self.norm, sorted(NORMS))
         check_choice("model.norm_impl", self.norm_impl, IMPLS)
-        check_choice("model.placement", self.placement, PLACEMENTS)
+        check_choice("model.placement", self.placement, (*LAYER_PLACEMENTS, "mix"))  # the registry as it is now
         check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
         check_choice("model.init", self.init, INITS)
         if self.n_kv_heads is None:
@@ -97,9 +99,9 @@ class ModelConfig:
             for i, spec in enumerate(self.layers):
                 if set(spec) - {"placement", "norm"}:
                     fail(f"layers[{i}]", spec, "the keys placement, norm")
-                check_choice(f"model.layers[{i}].placement", spec.get("placement", "pre"), BLOCK_PLACEMENTS)
+                check_choice(f"model.layers[{i}].placement", spec.get("placement", "pre"), tuple(LAYER_PLACEMENTS))
                 check_choice(f"model.layers[{i}].norm", spec.get("norm", self.norm), sorted(NORMS))
-        if self.layernorm_scaling and not any(p in ("pre", "peri") for p, _ in self.layer_specs()):
+        if self.layernorm_scaling and not any(LAYER_PLACEMENTS[p].scales_input for p, _ in self.layer_specs()):
             fail("layernorm_scaling", self.layernorm_scaling, "false when no layer has an input norm (it scales the "
                  "norm before each sublayer: placement pre, peri, or mix's Pre-LN layers)")
         self.head_dim = self.dim // self.n_heads
@@ -249,39 +251,32 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One decoder layer. For each sublayer f (attention, then feed-forward):
-
-        pre:  x ─┬─ norm ─ f ─(+)─>        post:  x ─┬─ f ─(+)─ norm ─>
-                 └─────────────┘                     └──────┘
-
-        pre       x + f(norm(x))                    GPT-2, LLaMA
-        post      norm(x + f(x))                    original Transformer
-        peri      x + norm_out(f(norm(x)))          Peri-LN / Gemma 2 "sandwich"
-        branch    x + norm(f(x))                    OLMo 2 (norm on the branch output only)
-        deepnorm  norm(alpha * x + f(x))            DeepNet, alpha = (2L)^(1/4)
-
-    With cfg.layernorm_scaling, pre and peri use norm(x) / sqrt(index + 1) in place of norm(x). A pre block with
-    norm=fused_rmsnorm adds the attention output and normalizes the sum for the feed-forward in one kernel.
+    """One decoder layer: for each sublayer f (attention, then feed-forward), its placement's rule combines the
+    residual stream, f and the norms (minillm.placements: pre x + f(norm(x)), post norm(x + f(x)), peri, branch,
+    deepnorm). With cfg.layernorm_scaling, the input norm of a placement that has one (pre, peri) is multiplied by
+    1 / sqrt(index + 1). A pre block with norm=fused_rmsnorm adds the attention output and normalizes the sum for
+    the feed-forward in one kernel.
     """
 
     def __init__(self, cfg: ModelConfig, placement: str, norm: str, index: int = 0):
         super().__init__()
-        if placement not in BLOCK_PLACEMENTS:
-            raise ConfigError(f"block placement {placement!r} is invalid; allowed: {', '.join(BLOCK_PLACEMENTS)}")
+        try:
+            self.kind = get_placement(placement)
+        except ValueError as err:
+            raise ConfigError(f"block {err}") from None
         self.placement = placement
         # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in LLMs"): the input norm's output of layer
         # l = index + 1 times 1/sqrt(l), so deep Pre-LN layers add less to the residual stream at init
-        scaled = cfg.layernorm_scaling and placement in ("pre", "peri")
+        scaled = cfg.layernorm_scaling and self.kind.scales_input
         self.norm_scale = 1.0 / math.sqrt(index + 1) if scaled else 1.0
-        self.alpha = (2 * cfg.n_layers) ** 0.25 if placement == "deepnorm" else 1.0
+        self.alpha = self.kind.residual_scale(cfg)
         self.attn = Attention(cfg)
         self.ffn = FeedForward(cfg.dim, cfg.ffn_hidden)
         ffn_norm = make_norm(cfg, norm)  # first: an error in norm_options names that field, not attn_norm_options
         self.attn_norm, self.ffn_norm = make_norm(cfg, norm, attn=True), ffn_norm  # registered in this order
-        peri = placement == "peri"
-        self.attn_out_norm = make_norm(cfg, norm) if peri else None
-        self.ffn_out_norm = make_norm(cfg, norm) if peri else None
-        self.fused_add = placement == "pre" and hasattr(ffn_norm, "add_forward")
+        self.attn_out_norm = make_norm(cfg, norm) if self.kind.out_norm else None
+        self.ffn_out_norm = make_norm(cfg, norm) if self.kind.out_norm else None
+        self.fused_add = self.kind.fused_add and hasattr(ffn_norm, "add_forward")
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None = None) -> Tensor:
         if self.fused_add:  # y = ffn_norm(x + attention output), and that sum, from one kernel
@@ -291,17 +286,8 @@ class Block(nn.Module):
         sublayers = ((lambda h: self.attn(h, cos, sin, cache=cache), self.attn_norm, self.attn_out_norm),
                      (self.ffn, self.ffn_norm, self.ffn_out_norm))
         for f, norm, out_norm in sublayers:
-            norm, out_norm = at_positions(norm, start), at_positions(out_norm, start)
-            if self.placement == "pre":
-                x = x + f(norm(x) * self.norm_scale)
-            elif self.placement == "post":
-                x = norm(x + f(x))
-            elif self.placement == "peri":
-                x = x + out_norm(f(norm(x) * self.norm_scale))
-            elif self.placement == "branch":
-                x = x + norm(f(x))
-            else:  # deepnorm
-                x = norm(self.alpha * x + f(x))
+            x = self.kind.rule(x, f, at_positions(norm, start), at_positions(out_norm, start), self.norm_scale,
+                               self.alpha)
         return x
 
 
@@ -315,7 +301,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg, p, n, i) for i, (p, n) in enumerate(cfg.layer_specs()))
         last_placement, last_norm = cfg.layer_specs()[-1]
-        ends_normed = last_placement in ("post", "deepnorm")
+        ends_normed = LAYER_PLACEMENTS[last_placement].ends_normed
         self.norm = nn.Identity() if ends_normed else make_norm(cfg, last_norm)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -327,8 +313,8 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """All initialization lives here; ``cfg.init`` names the scheme (``auto``: deepnet for DeepNorm layers,
-        gpt2 for the others, minillm's default):
+        """All initialization lives here; ``cfg.init`` names the scheme (``auto``: each layer's placement's scheme,
+        minillm.placements: deepnet for DeepNorm layers, gpt2 for the others, minillm's default):
 
         - gpt2 (GPT-2, nanoGPT): embeddings and linears N(0, init_std); the residual output projections
           (attn.wo, ffn.w2) N(0, init_std / sqrt(2 * n_layers)), or N(0, init_std) with depth_scaled_init=False
@@ -356,7 +342,7 @@ class Transformer(nn.Module):
         beta = (8 * cfg.n_layers) ** -0.25
         depth_std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if cfg.depth_scaled_init else cfg.init_std
         for block in self.layers:
-            scheme = cfg.init if cfg.init != "auto" else "deepnet" if block.placement == "deepnorm" else "gpt2"
+            scheme = cfg.init if cfg.init != "auto" else block.kind.init
             if scheme == "gpt2":
                 for w in (block.attn.wo, block.ffn.w2):
                     nn.init.normal_(w.weight, mean=0.0, std=depth_std)

@@ -603,3 +603,26 @@ def test_soft_capped_attention_scores_stay_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = attn.capped_attention(q, k, v, mask)
     assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_a_placement_is_one_declaration(monkeypatch):
+    """A placement registered in minillm.placements (here a double norm, norm_out(x + f(norm(x)))) builds, trains,
+    initializes and gets its final norm left out with no other change to the model."""
+    from minillm import placements
+
+    double = placements.Placement("double_test", lambda x, f, norm, out, s, a: out(x + f(norm(x) * s)), "a test",
+                                  out_norm=True, ends_normed=True, scales_input=True)
+    monkeypatch.setitem(placements.PLACEMENTS, double.name, double)
+    model = Transformer(ModelConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, placement="double_test"))
+    assert isinstance(model.norm, torch.nn.Identity) and model.layers[0].attn_out_norm is not None
+    x = torch.randint(0, 40, (2, 8))
+    h = model.tok_emb(x)
+    cos, sin = model.rope_cos[:8], model.rope_sin[:8]
+    block = model.layers[0]
+    a = block.attn_out_norm(h + block.attn(block.attn_norm(h), cos, sin))
+    expected = block.ffn_out_norm(a + block.ffn(block.ffn_norm(a)))
+    torch.testing.assert_close(block(h, cos, sin), expected, rtol=0, atol=0)
+    model(x).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="model.placement"):
+        ModelConfig(placement="double_tset")
