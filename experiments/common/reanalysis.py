@@ -1,0 +1,28 @@
+"""Re-analyses of a round's committed runs by rules added after the round ran (labelled as such in the study's
+README; a round's pre-registered verdicts never change): the engine's stability verdict, written into
+``<round>/stability/`` as ``minillm-report <sweep> --compare FACTOR --baseline VALUE --stability`` writes it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from minillm import verdict_report
+from minillm.compare import compare
+
+
+def stability(round_folder: Path, factor: str, baseline: str) -> dict:
+    """The stability verdict (and the loss verdicts) of the round's runs.jsonl, with today's default rules."""
+    runs = [json.loads(line) for line in (round_folder / "runs.jsonl").read_text().splitlines() if line]
+    return compare(runs, factor, baseline, stability=True)
+
+
+def main(round_folder: Path, factor: str, baseline: str, argv: list[str] | None = None) -> None:
+    """``python -m <round>.stability [--out DIR]``: write the files to DIR (default <round>/stability)."""
+    parser = argparse.ArgumentParser(description=f"the stability verdict of {round_folder.name}'s runs, {factor} "
+                                                 f"against {baseline} (a re-analysis)")
+    parser.add_argument("--out", type=Path, default=round_folder / "stability")
+    args = parser.parse_args(argv)
+    files = verdict_report.write(stability(round_folder, factor, baseline), args.out)
+    print(f"wrote {', '.join(f.name for f in files)} in {args.out}")
