@@ -133,7 +133,7 @@ def _rounds_to(m: re.Match, source: float) -> bool:
         written, source = abs(written), abs(source)
     whole, frac = m[2].replace(",", ""), (m[3] or "")[1:]
     if m[4] is not None or (not frac and whole != "0" and whole.endswith("0")):
-        digits = len((whole + frac).lstrip("0")) if m[4] is not None else len(whole.rstrip("0"))
+        digits = max(1, len((whole + frac).lstrip("0")) if m[4] is not None else len(whole.rstrip("0")))
         return source != 0 and math.isclose(float(f"{source:.{digits - 1}e}"), written, rel_tol=1e-9)
     return math.isclose(round(source, len(frac)), written, rel_tol=1e-9, abs_tol=1e-12)
 

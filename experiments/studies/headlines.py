@@ -20,6 +20,7 @@ import argparse
 import functools
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from experiments.common.layout import STUDIES, rounds, studies
 Numbers = dict[str, list[float]]
 
 
-def committed_runs(folder: Path) -> list[dict[str, Any]]:
+def _runs(folder: Path) -> list[dict[str, Any]]:
+    """A round's committed run records (runs.jsonl: each run's summary.json)."""
     return [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -98,7 +100,7 @@ def scale(folder: Path) -> Numbers:
     special = {"s0_textbook_claims": _s0_scale, "s1_grad_at_init": _s1_scale, "s6_cost": _s6_scale}
     if folder.parent.name in special:
         return special[folder.parent.name](folder)
-    runs = committed_runs(folder)
+    runs = _runs(folder)
     setting = {label: sorted({float(r[key]) for r in runs}) for label, key in (
         ("widths", "dim"), ("layers", "n_layers"), ("learning rates", "lr"), ("batch sizes", "batch_size"))}
     return {**_scale([r["n_params"] for r in runs], [r["tokens"] for r in runs], len({r["seed"] for r in runs}),
@@ -128,13 +130,18 @@ def _lr_sensitivity_per_seed(runs: list[dict], **arm: Any) -> dict[int, float]:
             for seed in sorted({r["seed"] for r in mine})}
 
 
+def _with_qk(run: dict) -> bool:
+    return run["qk_norm"] != "none"
+
+
 def _logits_at(runs: list[dict], lr: float, qk: bool) -> list[float]:
-    mine = [r["max_attn_logit"] for r in runs if r["lr"] == lr and (r["qk_norm"] != "none") == qk]
-    return [min(mine), max(mine)]
+    """The smallest and largest max attention logit of the runs at ``lr``, with QK-norm or without."""
+    found = [r["max_attn_logit"] for r in runs if r["lr"] == lr and _with_qk(r) == qk]
+    return [min(found), max(found)]
 
 
 def _s3_r1(folder: Path) -> Numbers:
-    runs = committed_runs(folder)
+    runs = _runs(folder)
     ratios = []
     for norm in ("layernorm", "rmsnorm"):
         qk = _lr_sensitivity_per_seed(runs, norm=norm, qk_norm="layernorm", z_loss=0)
@@ -142,27 +149,29 @@ def _s3_r1(folder: Path) -> Numbers:
         ratios += [qk[s] / none[s] for s in qk]
     low, high = min(r["lr"] for r in runs), max(r["lr"] for r in runs)
     checks = [c for c in _results(folder)["checks"] if c[0] == "QK-norm lowers LR sensitivity"]
-    return {"lr sensitivity with / without QK-norm, per norm (seed-mean curves)": [c[3] / c[2] for c in checks],
+    return {"lr sensitivity with / without QK-norm, per norm (its seed-mean curves)": [c[3] / c[2] for c in checks],
             "lr sensitivity with / without QK-norm, per norm and seed (z-loss 0)": ratios,
-            "max attention logit with QK-norm, lowest lr (min, max)": _logits_at(runs, low, True),
-            "with QK-norm, highest lr": _logits_at(runs, high, True),
-            "without QK-norm, lowest lr": _logits_at(runs, low, False),
-            "without QK-norm, highest lr": _logits_at(runs, high, False)}
+            f"max attention logit at lr {low:g}, with QK-norm (min, max)": _logits_at(runs, low, True),
+            f"at lr {high:g}, with QK-norm": _logits_at(runs, high, True),
+            f"at lr {low:g}, without": _logits_at(runs, low, False),
+            f"at lr {high:g}, without": _logits_at(runs, high, False)}
 
 
 def _s3_r3(folder: Path) -> Numbers:
-    entropy = _results(folder)["entropy"]
-    pairs = [(entropy[f"{norm}/qk/0.3"][s], entropy[f"{norm}/none/0.3"][s])
-             for norm in ("layernorm", "rmsnorm") for s in entropy[f"{norm}/none/0.3"]]
-    runs = committed_runs(folder)
-    loss = {(norm, qk): sum(r["final_val_loss"] for r in runs if r["lr"] == 0.3 and r["norm"] == norm
-                             and (r["qk_norm"] != "none") == qk) / 3 for norm in ("layernorm", "rmsnorm")
-            for qk in (False, True)}
-    return {"seed pairs at lr 0.3 where QK-norm's min entropy is the higher": [float(sum(a > b for a, b in pairs))],
+    """At the round's highest lr: the seed pairs whose QK-norm entropy is the higher, the logits without QK-norm,
+    and what QK-norm saves in loss (seed means)."""
+    entropy, runs, norms = _results(folder)["entropy"], _runs(folder), ("layernorm", "rmsnorm")
+    top = max(r["lr"] for r in runs)
+    pairs = [(entropy[f"{n}/qk/{top:g}"][s], entropy[f"{n}/none/{top:g}"][s]) for n in norms
+             for s in entropy[f"{n}/none/{top:g}"]]
+    loss = {(n, qk): statistics.fmean(r["final_val_loss"] for r in runs
+                                      if r["lr"] == top and r["norm"] == n and _with_qk(r) == qk)
+            for n in norms for qk in (False, True)}
+    return {f"seed pairs at lr {top:g} whose QK-norm min entropy is the higher": [float(sum(a > b for a, b in pairs))],
             "seed pairs": [float(len(pairs))],
-            "max attention logit without QK-norm at lr 0.3 (min, max)": _logits_at(runs, 0.3, False),
-            "val loss at lr 0.3, without - with QK-norm, per norm": [loss[n, False] - loss[n, True]
-                                                                     for n in ("layernorm", "rmsnorm")]}
+            f"max attention logit without QK-norm at lr {top:g} (min, max)": _logits_at(runs, top, False),
+            f"val loss at lr {top:g}, without - with QK-norm, per norm": [loss[n, False] - loss[n, True]
+                                                                         for n in norms]}
 
 
 def _s3_r5(folder: Path) -> Numbers:
@@ -170,7 +179,7 @@ def _s3_r5(folder: Path) -> Numbers:
 
 
 def _s4_r3(folder: Path) -> Numbers:
-    runs = committed_runs(folder)
+    runs = _runs(folder)
 
     def arm(r: dict) -> str:
         return r["norm"] + ("" if r["norm"] != "powernorm" else f" group_scaling={r['norm_options']['group_scaling']}")
@@ -190,15 +199,16 @@ def _s9_r1(folder: Path) -> Numbers:
     from experiments.common.study import by_seed, paired
     from minillm.outcome import loss_for_comparison
 
-    runs = committed_runs(folder)
-    loss = {(c["norm"], c["warmup"]): c for c in _results(folder)["loss"]}
-    best = {k: min((c for c in _results(folder)["loss"] if (c["norm"], c["warmup"]) == k), key=lambda c: c["loss"])
-            for k in loss}
+    runs, best = _runs(folder), {}
+    for cell in _results(folder)["loss"]:  # each (norm, warmup)'s best lr on the seed means, as W reads it
+        key = cell["norm"], cell["warmup"]
+        if key not in best or cell["loss"] < best[key]["loss"]:
+            best[key] = cell
     out = {}
     for norm in ("layernorm", "scalenorm"):
-        cells = [[r for r in runs if r["norm"] == norm and r["warmup_steps"] == w and r["lr"] == best[norm, w]["lr"]]
-                 for w in (0, 40)]
-        res = paired(by_seed(cells[0], loss_for_comparison), by_seed(cells[1], loss_for_comparison))
+        without, with_warmup = ([r for r in runs if r["norm"] == norm and r["warmup_steps"] == w
+                                 and r["lr"] == best[norm, w]["lr"]] for w in (0, 40))
+        res = paired(by_seed(without, loss_for_comparison), by_seed(with_warmup, loss_for_comparison))
         out[f"{norm}: best without - with warmup, mean and 95% CI"] = [res["diff"], res["ci_low"], res["ci_high"]]
     return out
 
