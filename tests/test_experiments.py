@@ -36,7 +36,8 @@ def modules() -> list[str]:
 
 
 def test_experiments_is_a_package_of_studies_and_benchmarks():
-    """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ...; benchmarks/
+    """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ... (beside them
+    only a re-analysis script of the study's committed runs and the folder it writes, named after it); benchmarks/
     only folders with a README.md; every folder with Python code is a package; every round and benchmark has its
     verdict.json."""
     names = modules()
@@ -49,8 +50,9 @@ def test_experiments_is_a_package_of_studies_and_benchmarks():
     for study in studies:
         rounds = layout.rounds(study)
         assert [int(layout.ROUND.fullmatch(r.name).group(1)) for r in rounds] == list(range(1, len(rounds) + 1))
-        assert folders(study) == {r.name for r in rounds} and (study / "README.md").exists(), study.name
-        assert {p.name for p in study.iterdir() if p.is_file()} <= {"README.md", "__init__.py"}, study.name
+        scripts = {p.stem for p in study.glob("*.py") if p.name != "__init__.py"}
+        assert folders(study) - scripts == {r.name for r in rounds} and (study / "README.md").exists(), study.name
+        assert {p.suffix for p in study.iterdir() if p.is_file() and p.name != "README.md"} <= {".py"}, study.name
     assert folders(BENCHMARKS) == {b.name for b in layout.benchmarks()}
     for folder in [*(r for s in studies for r in layout.rounds(s)), *layout.benchmarks()]:
         verdict = json.loads((folder / "verdict.json").read_text())
@@ -97,6 +99,96 @@ def test_index_in_the_readme_is_the_generated_one():
     for folder in [*layout.studies(), *layout.benchmarks()]:  # one line each
         assert table.count(f"]({folder.relative_to(EXPERIMENTS)}/)") == 1, folder.name
     assert index.update(readme) == readme
+
+
+# A headline's numbers: what a verdict.json's question and verdict (and so the index line built from them) write as
+# a number, with the digits written. Not numbers: a citation's year, a theorem or figure, OLMo 2, a reference to
+# another round, a commit, "95% CI"; nor digits inside a name (S7, fp16, GPT-2, r1_grid, E2). A range's tail is both
+# ends': 1.4-1.6e-2, 44-70%, 0.62-0.81x.
+_NOT_NUMBERS = re.compile("|".join((
+    r"(?:et al\.|& [A-Z][\w-]*)\s+(?:19|20)\d\d", r"\barXiv \S+", r"\b(?:Thm|Theorem|Fig\.|Figure|footnote)\s+\d+",
+    r"\bOLMo \d+", r"\b[Rr]ounds? \d+(?:\s*[-–]\s*\d+)?", r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b",
+    r"\b95% (?:CI|interval)")))
+_RANGE = re.compile(r"(\d[\d.]*)\s*[-–]\s*(\d[\d.]*)(e[-−+]?\d+|%|x|M)")
+_NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z][-−])([-−+](?=\d))?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([-−+]?\d+))?"
+                     r"(%|x|M|k)?(?![\w.]\d|\w)")
+_SCALE = {"%": 100.0, "M": 1e-6, "k": 1e-3}  # a source number s reads as s * this in a number written with the unit
+
+
+def _written_numbers(text: str) -> list[re.Match]:
+    text = _RANGE.sub(lambda m: f"{m[1]}{m[3]} {m[2]}{m[3]}", _NOT_NUMBERS.sub(" ", text))
+    return list(_NUMBER.finditer(text))
+
+
+def _value(m: re.Match) -> float:
+    sign, whole, frac, exp = m[1] or "", m[2].replace(",", ""), m[3] or "", (m[4] or "").replace("−", "-")
+    return float(f"{sign.replace('−', '-')}{whole}{frac}" + (f"e{exp}" if exp else ""))
+
+
+def _rounds_to(m: re.Match, source: float) -> bool:
+    """Whether ``source``, rounded as the number ``m`` is written (its decimals; its significant digits when it has an
+    exponent or ends in zeros), is that number; unsigned when it is written without a sign."""
+    written = _value(m)
+    if not m[1]:
+        written, source = abs(written), abs(source)
+    whole, frac = m[2].replace(",", ""), (m[3] or "")[1:]
+    if m[4] is not None or (not frac and whole != "0" and whole.endswith("0")):
+        digits = max(1, len((whole + frac).lstrip("0")) if m[4] is not None else len(whole.rstrip("0")))
+        return source != 0 and math.isclose(float(f"{source:.{digits - 1}e}"), written, rel_tol=1e-9)
+    return math.isclose(round(source, len(frac)), written, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _numbers_of(data) -> list[float]:
+    """Every number in a parsed JSON value or a text (its keys and strings read as text)."""
+    if isinstance(data, bool) or data is None:
+        return []
+    if isinstance(data, (int, float)):
+        return [float(data)] if math.isfinite(data) else []
+    if isinstance(data, str):
+        return [_value(m) for m in _written_numbers(data)]
+    items = data.items() if isinstance(data, dict) else enumerate(data)
+    return [n for k, v in items for n in (_numbers_of(k) if isinstance(k, str) else []) + _numbers_of(v)]
+
+
+def _result_numbers(folder: Path) -> list[float]:
+    """A round's numbers: its result files (every .json / .md it commits but its verdict, its runs' curves and S1's
+    raw gradients) and what experiments.studies.headlines computes for it."""
+    from experiments.studies import headlines
+
+    files = [p for p in sorted(folder.rglob("*")) if p.suffix in (".json", ".md")
+             and p.name not in ("verdict.json", "curves.json", "raw.json")]
+    found = [n for p in files for n in _numbers_of(json.loads(p.read_text()) if p.suffix == ".json" else p.read_text())]
+    return found + [v for values in headlines.numbers(folder).values() for v in values]
+
+
+def _unfounded(text: str, numbers: list[float]) -> list[str]:
+    """The numbers written in ``text`` that no number of ``numbers`` rounds to."""
+    return [m[0] for m in _written_numbers(text)
+            if not any(_rounds_to(m, s * _SCALE.get(m[5], 1.0)) or _rounds_to(m, s) for s in numbers)]
+
+
+def test_every_headline_number_is_in_its_round_results():
+    """Each round's verdict.json (its question and verdict: the index line) writes only numbers its round's result
+    files hold or experiments.studies.headlines computes from the committed runs (scale, labelled re-analyses)."""
+    unfounded = {}
+    for folder in [r for s in layout.studies() for r in layout.rounds(s)]:
+        said = index.verdict(folder)
+        if missing := _unfounded(f"{said['question']} {said['verdict']}", _result_numbers(folder)):
+            unfounded[str(folder.relative_to(STUDIES))] = missing
+    assert not unfounded, "\n".join(f"{name}: {', '.join(missing)}" for name, missing in unfounded.items())
+
+
+def test_a_headline_number_no_result_holds_is_found(tmp_path):
+    """The check of the test above: a number typed with other digits than the results', or one they do not hold,
+    is found, whatever its form (signed, an interval, a range, a percentage, an exponent, a ratio)."""
+    (tmp_path / "results.json").write_text(json.dumps({"diff": 0.0763, "ci": [0.0702, 0.0831], "share": [0.439, 0.70],
+                                                       "logit": 104711.4, "ratio": 0.4128, "n_params": 341424}))
+    numbers = _numbers_of(json.loads((tmp_path / "results.json").read_text()))
+    held = ("+0.076 nats, 95% CI [+0.070, +0.083] (S7, GPT-2, fp16, E2, Xiong et al. 2020, pre-registered 7c4bede)"
+            "; 44-70% saturated; logits 1e5 (1.05e5); 0.41x; 0.34M parameters; round 4")
+    assert _unfounded(held, numbers) == []
+    for typo in ("+0.077 nats", "[+0.070, +0.084]", "-0.076", "45-70%", "2e5", "0.42x", "0.35M", "0.0763 and 3.5"):
+        assert _unfounded(typo, numbers), typo
 
 
 def test_documented_commands_name_modules_that_exist():

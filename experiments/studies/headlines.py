@@ -1,0 +1,251 @@
+"""The numbers the study headlines quote that no round's analysis writes, computed from the committed files.
+
+Each round's verdict.json says its verdict in one sentence (the index of experiments/README.md is built from it).
+Its numbers come from the round's result files (results.json / results.md, the engine's verdicts.json /
+verdicts.md) or from here:
+- every round's **scale**: parameters, tokens per parameter, seeds and steps, from its committed runs (runs.jsonl;
+  S0, S1 and S6 keep no run records, so their models are built from the settings their scripts record);
+- the few **re-analyses** the study READMEs label as such: a ratio, a count or a range over seeds that the round's
+  own analysis does not print, each computed from that round's committed runs or results (an analysis must
+  regenerate its committed results unchanged, so they live here, not in it).
+tests/test_experiments.py checks that every number of a headline is one of these or in the round's result files.
+
+    python -m experiments.studies.headlines                        # every round
+    python -m experiments.studies.headlines s4_batchnorm/r3_powernorm_nogroup
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.common.layout import STUDIES, rounds, studies
+
+Numbers = dict[str, list[float]]
+
+
+def _runs(folder: Path) -> list[dict[str, Any]]:
+    """A round's committed run records (runs.jsonl: each run's summary.json)."""
+    return [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _distinct(values: Sequence[float]) -> list[float]:
+    """The distinct values, in order."""
+    return sorted(set(values))
+
+
+def _scale(params: Sequence[int], tokens: Sequence[int], seeds: int, steps: Sequence[int]) -> Numbers:
+    """One round's scale: every model size, the tokens per parameter of every run, seeds and steps."""
+    return {"parameters (M)": _distinct([p / 1e6 for p in params]),
+            "tokens per parameter": _distinct([t / p for t, p in zip(tokens, params, strict=True)]),
+            "seeds": [float(seeds)], "steps": sorted({float(s) for s in steps})}
+
+
+VOCAB = 88  # Shakespeare's characters: the vocabulary every committed run records
+
+
+@functools.cache
+def _param_count(**fields: Any) -> int:
+    """Parameters of minillm's Transformer with these ModelConfig fields (built on the meta device: shapes only)."""
+    import torch
+
+    from minillm.model import ModelConfig, Transformer
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(ModelConfig(vocab_size=VOCAB, **fields)).parameters())
+
+
+def _s0_scale(folder: Path) -> Numbers:
+    """S0's trained runs (the small-batch, mismatch and leak probes): the tiny model its results.json records."""
+    results = json.loads((folder / "results.json").read_text())
+    runs = [(r["norm"], r["batch"], results["bn"]["config"]["max_steps"], r["seed"]) for r in results["bn"]["runs"]]
+    runs += [("batchnorm", r["batch"], r["steps"], r["seed"]) for r in results["leak"]["runs"]]
+    tiny = results["bn"]["config"]
+    params = [_param_count(dim=tiny["dim"], n_layers=tiny["n_layers"], n_heads=tiny["n_heads"],
+                           max_seq_len=tiny["seq_len"], norm=norm) for norm, *_ in runs]
+    return _scale(params, [steps * batch * tiny["seq_len"] for _, batch, steps, _ in runs],
+                  len({seed for *_, seed in runs}), [steps for _, _, steps, _ in runs])
+
+
+def _s1_scale(folder: Path) -> Numbers:
+    """S1 measures gradients at initialization: model sizes and init seeds, no training."""
+    setup = json.loads((folder / "results.json").read_text())["setup"]
+    params = [_param_count(dim=d, n_layers=n, n_heads=setup["n_heads"], max_seq_len=setup["seq_len"],
+                           norm=setup["norm"]) for d in setup["dims"] for n in setup["depths"]]
+    return {"parameters (M)": _distinct([p / 1e6 for p in params]), "seeds": [float(len(setup["seeds"]))],
+            "batches": [float(setup["n_batches"])]}
+
+
+S6_MODEL = dict(dim=128, n_layers=4, n_heads=4, max_seq_len=64)  # the default model S6's quality runs trained
+S6_BATCH = 32  # sequences of 64 characters per step: the default config's batch when they ran (S6's README)
+
+
+def _s6_scale(folder: Path) -> Numbers:
+    """S6's quality runs: the default model, shortened to 300 steps (r1_cost/quality.py)."""
+    quality = json.loads((folder / "quality.json").read_text())
+    params = [_param_count(**S6_MODEL, norm=r["norm"]) for r in quality["runs"]]
+    steps = quality["max_steps"]
+    return _scale(params, [steps * S6_BATCH * S6_MODEL["max_seq_len"]] * len(params), len(quality["seeds"]),
+                  [steps])
+
+
+def scale(folder: Path) -> Numbers:
+    """A round's scale, from its committed runs."""
+    special = {"s0_textbook_claims": _s0_scale, "s1_grad_at_init": _s1_scale, "s6_cost": _s6_scale}
+    if folder.parent.name in special:
+        return special[folder.parent.name](folder)
+    runs = _runs(folder)
+    setting = {label: sorted({float(r[key]) for r in runs}) for label, key in (
+        ("widths", "dim"), ("layers", "n_layers"), ("learning rates", "lr"), ("batch sizes", "batch_size"))}
+    return {**_scale([r["n_params"] for r in runs], [r["tokens"] for r in runs], len({r["seed"] for r in runs}),
+                     [r["steps"] for r in runs]), **setting}
+
+
+# --- re-analyses: what a README quotes beyond its round's own analysis, each labelled there as a re-analysis ------
+
+
+def _results(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "results.json").read_text())
+
+
+def _s0_table_ratio(folder: Path) -> Numbers:
+    rows = {r["norm"]: r for r in _results(folder)["table"]["rows"]}
+    key = "fwd_bwd_ms_2048x128"
+    return {"RMSNorm / LayerNorm fwd+bwd at 2048x128": [rows["RMSNorm"][key] / rows["LayerNorm"][key]]}
+
+
+def _lr_sensitivity_per_seed(runs: list[dict], **arm: Any) -> dict[int, float]:
+    """seed -> the lr sensitivity of one arm's runs of that seed (minillm.report's measure, a round's own loss)."""
+    from minillm.outcome import loss_for_comparison
+    from minillm.report import lr_sensitivity
+
+    mine = [r for r in runs if all(r[k] == v for k, v in arm.items())]
+    return {seed: lr_sensitivity({r["lr"]: loss_for_comparison(r) for r in mine if r["seed"] == seed})
+            for seed in sorted({r["seed"] for r in mine})}
+
+
+def _with_qk(run: dict) -> bool:
+    return run["qk_norm"] != "none"
+
+
+def _logits_at(runs: list[dict], lr: float, qk: bool) -> list[float]:
+    """The smallest and largest max attention logit of the runs at ``lr``, with QK-norm or without."""
+    found = [r["max_attn_logit"] for r in runs if r["lr"] == lr and _with_qk(r) == qk]
+    return [min(found), max(found)]
+
+
+def _s3_r1(folder: Path) -> Numbers:
+    runs = _runs(folder)
+    ratios = []
+    for norm in ("layernorm", "rmsnorm"):
+        qk = _lr_sensitivity_per_seed(runs, norm=norm, qk_norm="layernorm", z_loss=0)
+        none = _lr_sensitivity_per_seed(runs, norm=norm, qk_norm="none", z_loss=0)
+        ratios += [qk[s] / none[s] for s in qk]
+    low, high = min(r["lr"] for r in runs), max(r["lr"] for r in runs)
+    checks = [c for c in _results(folder)["checks"] if c[0] == "QK-norm lowers LR sensitivity"]
+    return {"lr sensitivity with / without QK-norm, per norm (its seed-mean curves)": [c[3] / c[2] for c in checks],
+            "lr sensitivity with / without QK-norm, per norm and seed (z-loss 0)": ratios,
+            f"max attention logit at lr {low:g}, with QK-norm (min, max)": _logits_at(runs, low, True),
+            f"at lr {high:g}, with QK-norm": _logits_at(runs, high, True),
+            f"at lr {low:g}, without": _logits_at(runs, low, False),
+            f"at lr {high:g}, without": _logits_at(runs, high, False)}
+
+
+def _s3_r3(folder: Path) -> Numbers:
+    """At the round's highest lr: the seed pairs whose QK-norm entropy is the higher, the logits without QK-norm,
+    and what QK-norm saves in loss (seed means)."""
+    entropy, runs, norms = _results(folder)["entropy"], _runs(folder), ("layernorm", "rmsnorm")
+    top = max(r["lr"] for r in runs)
+    pairs = [(entropy[f"{n}/qk/{top:g}"][s], entropy[f"{n}/none/{top:g}"][s]) for n in norms
+             for s in entropy[f"{n}/none/{top:g}"]]
+    loss = {(n, qk): statistics.fmean(r["final_val_loss"] for r in runs
+                                      if r["lr"] == top and r["norm"] == n and _with_qk(r) == qk)
+            for n in norms for qk in (False, True)}
+    return {f"seed pairs at lr {top:g} whose QK-norm min entropy is the higher": [float(sum(a > b for a, b in pairs))],
+            "seed pairs": [float(len(pairs))],
+            f"max attention logit without QK-norm at lr {top:g} (min, max)": _logits_at(runs, top, False),
+            f"val loss at lr {top:g}, without - with QK-norm, per norm": [loss[n, False] - loss[n, True]
+                                                                         for n in norms]}
+
+
+def _s3_r5(folder: Path) -> Numbers:
+    return {"slope of a best lr that falls as 1/width (decades per doubling)": [-math.log10(2)]}
+
+
+def _s4_r3(folder: Path) -> Numbers:
+    runs = _runs(folder)
+
+    def arm(r: dict) -> str:
+        return r["norm"] + ("" if r["norm"] != "powernorm" else f" group_scaling={r['norm_options']['group_scaling']}")
+
+    out: Numbers = {}
+    for name in sorted({arm(r) for r in runs}):
+        grad = [r["max_grad_norm"] for r in runs if arm(r) == name]
+        out[f"max grad norm, {name} (min, max)"] = [min(grad), max(grad)]
+    out["most steps with a non-finite gradient in a run"] = [float(max(r["nonfinite_grad_steps"] for r in runs))]
+    out["runs with gradient clipping"] = [float(sum(r["grad_clip"] is not None for r in runs))]
+    return out
+
+
+def _s9_r1(folder: Path) -> Numbers:
+    """W per seed: each norm's best cell without warmup minus its best with warmup 40 (the cells W compares, by
+    their seed means), with minillm.verdicts' paired t interval."""
+    from experiments.common.study import by_seed, paired
+    from minillm.outcome import loss_for_comparison
+
+    runs, best = _runs(folder), {}
+    for cell in _results(folder)["loss"]:  # each (norm, warmup)'s best lr on the seed means, as W reads it
+        key = cell["norm"], cell["warmup"]
+        if key not in best or cell["loss"] < best[key]["loss"]:
+            best[key] = cell
+    out = {}
+    for norm in ("layernorm", "scalenorm"):
+        without, with_warmup = ([r for r in runs if r["norm"] == norm and r["warmup_steps"] == w
+                                 and r["lr"] == best[norm, w]["lr"]] for w in (0, 40))
+        res = paired(by_seed(without, loss_for_comparison), by_seed(with_warmup, loss_for_comparison))
+        out[f"{norm}: best without - with warmup, mean and 95% CI"] = [res["diff"], res["ci_low"], res["ci_high"]]
+    return out
+
+
+def _s11_r3(folder: Path) -> Numbers:
+    alpha = json.loads((folder / "params.json").read_text())
+    return {f"mean alpha with / without decay, per seed, lr {lr}": [
+        alpha[f"dyt_lr{lr}_decay_seed{s}"] / alpha[f"dyt_lr{lr}_nodecay_seed{s}"] for s in range(5)]
+        for lr in ("0.003", "0.01")}
+
+
+REANALYSES: dict[str, Callable[[Path], Numbers]] = {
+    "s0_textbook_claims/r1_claims": _s0_table_ratio, "s3_lr_sensitivity/r1_grid": _s3_r1,
+    "s3_lr_sensitivity/r3_attn_entropy": _s3_r3, "s3_lr_sensitivity/r5_width_low_lr": _s3_r5,
+    "s4_batchnorm/r3_powernorm_nogroup": _s4_r3, "s9_scalenorm/r1_grid": _s9_r1,
+    "s11_gain_decay/r3_dyt_trained": _s11_r3}
+
+
+def numbers(folder: Path) -> Numbers:
+    """Every number this module gives a round: its scale and its re-analyses."""
+    name = f"{folder.parent.name}/{folder.name}"
+    return {**scale(folder), **(REANALYSES[name](folder) if name in REANALYSES else {})}
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(dict.fromkeys(f"{v:.3g}" for v in values))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("rounds", nargs="*", help="sNN_name/rK_name (default: every round)")
+    args = p.parse_args(argv)
+    folders = [STUDIES / r for r in args.rounds] or [r for s in studies() for r in rounds(s)]
+    for folder in folders:
+        said = "; ".join(f"{label} {_fmt(values)}" for label, values in numbers(folder).items())
+        print(f"{folder.relative_to(STUDIES)}: {said}")
+
+
+if __name__ == "__main__":
+    main()
