@@ -36,8 +36,7 @@ def modules() -> list[str]:
 
 
 def test_experiments_is_a_package_of_studies_and_benchmarks():
-    """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ... (beside them
-    only a re-analysis script of the study's committed runs and the folder it writes, named after it); benchmarks/
+    """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ...; benchmarks/
     only folders with a README.md; every folder with Python code is a package; every round and benchmark has its
     verdict.json."""
     names = modules()
@@ -50,9 +49,8 @@ def test_experiments_is_a_package_of_studies_and_benchmarks():
     for study in studies:
         rounds = layout.rounds(study)
         assert [int(layout.ROUND.fullmatch(r.name).group(1)) for r in rounds] == list(range(1, len(rounds) + 1))
-        scripts = {p.stem for p in study.glob("*.py") if p.name != "__init__.py"}
-        assert folders(study) - scripts == {r.name for r in rounds} and (study / "README.md").exists(), study.name
-        assert {p.suffix for p in study.iterdir() if p.is_file() and p.name != "README.md"} <= {".py"}, study.name
+        assert folders(study) == {r.name for r in rounds} and (study / "README.md").exists(), study.name
+        assert {p.name for p in study.iterdir() if p.is_file()} <= {"README.md", "__init__.py"}, study.name
     assert folders(BENCHMARKS) == {b.name for b in layout.benchmarks()}
     for folder in [*(r for s in studies for r in layout.rounds(s)), *layout.benchmarks()]:
         verdict = json.loads((folder / "verdict.json").read_text())
