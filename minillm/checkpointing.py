@@ -18,7 +18,7 @@ import fsspec
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 
-from minillm.errors import CheckpointError
+from minillm.errors import CheckpointError, writing
 from minillm.model import ModelConfig
 from minillm.norms import canonical_norms
 from minillm.optim import schedule_settings
@@ -79,7 +79,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
-            with open(tmp, "wb") as f:
+            with writing(path), open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())

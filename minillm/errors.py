@@ -13,7 +13,8 @@ import errno
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -90,15 +91,37 @@ def check_name(field: str, value: Any, optional: bool = False) -> None:
 
 
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+SPACE_ERRORS = {errno.ENOSPC, errno.EDQUOT}  # a full disk or quota: always a write, never a bad input file
 
 
-def disk_error(err: BaseException | None) -> str | None:
-    """``disk error: ...`` for a file a run cannot write (a full disk, a read-only or forbidden folder, a path
-    that is a file), found in err or what caused it; None for anything else."""
+def disk_oserror(err: BaseException | None, kinds: set[int] = DISK_ERRORS) -> OSError | None:
+    """The OSError of a file a run cannot write (errno in ``kinds``) found in err or what caused it; None if none."""
     while err is not None:
-        if isinstance(err, OSError) and err.errno in DISK_ERRORS:
-            where = f" {err.filename}" if err.filename else ""
-            return (f"disk error: cannot write{where} ({os.strerror(err.errno)}); free space or choose a writable "
-                    "folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+        if isinstance(err, OSError) and err.errno in kinds:
+            return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def disk_error(err: BaseException | None, where: str | os.PathLike | None = None) -> str | None:
+    """``disk error: ...`` for a file a run cannot write (a full disk, a read-only or forbidden folder, a path
+    that is a file), found in err or what caused it; None for anything else. A full disk's write error names no
+    file: then ``where`` (the folder being written) is named."""
+    found = disk_oserror(err)
+    if found is None:
+        return None
+    path = found.filename or (f"in {where}" if where is not None else None)
+    return (f"disk error: cannot write{f' {path}' if path else ''} ({os.strerror(found.errno)}); free space or "
+            "choose a writable folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Name ``path`` in a disk error raised inside the block (a full disk's write error names no file)."""
+    try:
+        yield
+    except Exception as err:
+        found = disk_oserror(err)
+        if found is None or found.filename:
+            raise
+        raise OSError(found.errno, os.strerror(found.errno), str(path)) from err

