@@ -155,6 +155,27 @@ def label_training_by_steps(bar_cls: type) -> type:
     return bar_cls
 
 
+# --- Hydra (minillm/train.py) ---------------------------------------------------------------------------------
+
+
+def hydra_args_parser() -> Any:
+    """The argparse parser ``hydra.main`` parses the command line with (``hydra._internal.utils.get_args_parser``)."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+# --- lm-evaluation-harness (minillm/harness.py) -------------------------------------------------------------
+
+
+def lm_eval_cli() -> Any:
+    """lm_eval's command line (``lm_eval._cli.HarnessCLI``, what its ``lm-eval`` command runs): ``parse_args()``
+    reads sys.argv, ``execute(args)`` runs it."""
+    from lm_eval._cli import HarnessCLI
+
+    return HarnessCLI()
+
+
 # --- datasets (minillm/data/token_files.py) --------------------------------------------------------------
 
 

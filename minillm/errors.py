@@ -9,13 +9,19 @@ traceback. Plain Python: no Hydra, no Lightning.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import errno
+import io
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -94,13 +100,18 @@ DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 SPACE_ERRORS = {errno.ENOSPC, errno.EDQUOT}  # a full disk or quota: always a write, never a bad input file
 
 
+def causes(err: BaseException | None) -> Iterator[BaseException]:
+    """err, then what caused it (``__cause__``, else ``__context__``), each once (a chain can loop back)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
 def disk_oserror(err: BaseException | None, kinds: set[int] = DISK_ERRORS) -> OSError | None:
     """The OSError of a file a run cannot write (errno in ``kinds``) found in err or what caused it; None if none."""
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in kinds:
-            return err
-        err = err.__cause__ or err.__context__
-    return None
+    return next((e for e in causes(err) if isinstance(e, OSError) and e.errno in kinds), None)
 
 
 def disk_error(err: BaseException | None, where: str | os.PathLike | None = None) -> str | None:
@@ -125,3 +136,26 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         if found is None or found.filename:
             raise
         raise OSError(found.errno, os.strerror(found.errno), str(path)) from err
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for minillm's console scripts: a bad flag or argument is one line, ``<prog>: error:
+    <message>``, exit code 2 (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_in_one_line(parse: Callable[[], T]) -> T:
+    """Run the argument parsing of another library's command line (Hydra's, lm-eval's): its error is one line, as
+    ArgumentParser's (the usage block it prints before is dropped); anything else it prints passes as it is."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            result = parse()
+    except SystemExit as exit_:
+        errors = [line for line in printed.getvalue().splitlines() if ": error: " in line]
+        sys.stderr.write(errors[-1] + "\n" if exit_.code == 2 and errors else printed.getvalue())
+        raise
+    sys.stderr.write(printed.getvalue())
+    return result

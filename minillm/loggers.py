@@ -235,21 +235,22 @@ def depth_profile(metrics: Mapping[str, float]) -> tuple[list[dict], list[dict]]
 
 
 def tensorboard_logger(**kwargs: Any) -> Any:
-    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard or tensorboardX; when
-    neither is installed, one config error that says what to install (not Lightning's ModuleNotFoundError)."""
+    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard (minillm[tensorboard], which
+    also has the viewer) or tensorboardX; when neither is installed, one config error that says what to install (not Lightning's ModuleNotFoundError)."""
     import importlib
 
     from minillm.errors import ConfigError
 
-    for module in ("tensorboardX", "tensorboard"):
+    for module in ("tensorboard", "tensorboardX"):
         try:
             importlib.import_module(module)
             break
         except ImportError:
             continue
     else:
-        raise ConfigError("logger=tensorboard needs tensorboardX or tensorboard: pip install tensorboardX (or pip "
-                          "install 'minillm[tensorboard]'); allowed without it: logger=wandb, logger=csv, logger=none")
+        raise ConfigError("logger=tensorboard needs tensorboard (or tensorboardX): pip install 'minillm[tensorboard]' "
+                          "(or pip install tensorboard, which also has the viewer); allowed without it: logger=wandb, "
+                          "logger=csv, logger=none")
     from lightning.pytorch.loggers import TensorBoardLogger
 
     class OneFileTensorBoardLogger(TensorBoardLogger):

@@ -24,7 +24,6 @@ Every error is one line, ``minillm-replay: error: ...``, exit 2, with nothing wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -38,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from minillm import forensics
 from minillm.checkpointing import read_checkpoint_header
-from minillm.errors import ConfigError, disk_error
+from minillm.errors import ArgumentParser, ConfigError, disk_error
 from minillm.metrics import DIVERGED, TRAIN_LOSS
 from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayCheckpointIO, ReplayStart, carry_over
 from minillm.runs import find_runs, read_curves
@@ -355,13 +354,8 @@ def compare(folders: list[str | Path], out: str | Path | None = None) -> Path:
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", nargs="?", help="a checkpoint at or before step A, a spike file, or a folder of them")
     parser.add_argument("overrides", nargs="*", help=f"key=value, of: {', '.join(OVERRIDES)}")
     parser.add_argument("--steps", help="A:B, the steps A to B - 1 (the step column of metrics.csv)")

@@ -17,7 +17,6 @@ sensitivity = mean over the LR grid of [loss(lr) - min over the grid of loss(lr)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm import branch_report
+from minillm.errors import ArgumentParser
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
 from minillm.runs import Run, group_runs, load_runs
@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from minillm import verdict_report
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="minillm-report", description=__doc__.split("\n")[0],
         epilog="minillm-report plan PLAN.yaml --sweep NAME records a comparison's rules before its sweep runs "
                "(docs/comparing.md).")
@@ -317,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep_dir>/report)")
     verdict_report.add_arguments(parser)
     args = parser.parse_args(argv)
+    for folder in args.sweep_dir:
+        if not folder.is_dir():
+            parser.error(f"{folder} {'is a file, not a folder' if folder.exists() else 'does not exist'}; allowed: a "
+                         "folder holding run folders (a sweep's, logs/<name>, a run's)")
     try:
         found = load_runs(args.sweep_dir)
     except FileNotFoundError as err:

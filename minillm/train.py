@@ -20,7 +20,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from minillm.errors import ConfigError, disk_error
+from minillm import _compat
+from minillm.errors import ConfigError, disk_error, parse_in_one_line
 from minillm.run import resolvers
 from minillm.run.closing import has_ended, outcome_line, read_record, stopped_line
 from minillm.run.folder import RunFolderLock, discard_start
@@ -104,6 +105,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> float | None:
     """``python train.py`` and ``minillm-train``: Hydra's run, with Hydra's own errors (an unknown option, a
-    misspelt key, an override it cannot parse, a folder it cannot make) as one line and exit code 2."""
+    misspelt key, an override it cannot parse, a folder it cannot make, a flag it does not know) as one line and
+    exit code 2."""
+    parse_in_one_line(_compat.hydra_args_parser().parse_args)  # Hydra parses the same again
     with errors_in_one_line():
         return hydra_main()

@@ -95,6 +95,11 @@ def test_checkpoint_layout_the_preemption_fixes_rely_on(tmp_path):
     assert progress["total"]["ready"] == progress["total"]["started"]
 
 
+def test_hydras_command_line_parser_is_the_one_hydra_main_uses():
+    args = _compat.hydra_args_parser().parse_args(["-m", "seed=1,2", "--cfg", "job"])
+    assert args.multirun and args.overrides == ["seed=1,2"] and args.cfg == "job"
+
+
 def test_forked_worker_is_recognized_by_the_launcher():
     assert not _compat.in_forked_worker(trainer([]))
     t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", logger=False)
@@ -153,3 +158,9 @@ def test_the_eager_stance_imports_no_compiler_unless_one_is_loaded():
             "with _compat.eager_stance(): pass\n"
             "assert 'torch._dynamo' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_lm_evals_command_line_parses_and_executes():
+    pytest.importorskip("lm_eval")
+    cli = _compat.lm_eval_cli()
+    assert callable(cli.parse_args) and callable(cli.execute)

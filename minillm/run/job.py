@@ -52,7 +52,6 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
         if start is None:
             start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named
         group_sweeps(cfg)
-        show_config(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         callbacks = build.instantiate_group(cfg, "callbacks")
@@ -71,6 +70,7 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
                 if hasattr(logger, "resume_at"):
                     logger.resume_at(start.step)
         module = build.build_module(cfg, model_cfg, settings)
+    show_config(cfg)  # once every check has passed: an error is never printed after the tree
     return Job(cfg, trainer, module, datamodule, start)
 
 
