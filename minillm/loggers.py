@@ -235,8 +235,9 @@ def depth_profile(metrics: Mapping[str, float]) -> tuple[list[dict], list[dict]]
 
 
 def tensorboard_logger(**kwargs: Any) -> Any:
-    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard (minillm[tensorboard], which
-    also has the viewer) or tensorboardX; when neither is installed, one config error that says what to install (not Lightning's ModuleNotFoundError)."""
+    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard (minillm[tensorboard],
+    which also has the viewer) or tensorboardX; when neither is installed, one config error that says what to install
+    (not Lightning's ModuleNotFoundError)."""
     import importlib
 
     from minillm.errors import ConfigError
