@@ -39,7 +39,8 @@ from minillm import forensics
 from minillm.checkpointing import read_checkpoint_header
 from minillm.errors import ArgumentParser, ConfigError, disk_error
 from minillm.metrics import DIVERGED, TRAIN_LOSS
-from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayCheckpointIO, ReplayStart, carry_over
+from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayStart, carry_over
+from minillm.run.resume import TransformedCheckpointIO
 from minillm.runs import find_runs, read_curves
 
 PROG = "minillm-replay"
@@ -223,7 +224,7 @@ def replay(ckpt: str | Path, steps: tuple[int, int], out: str | Path | None = No
             carried.update(carry_over(checkpoint, job.module, keep, lr_factor))
             return checkpoint
 
-        job.trainer.strategy.checkpoint_io = ReplayCheckpointIO(transform)
+        job.trainer.strategy.checkpoint_io = TransformedCheckpointIO(transform)
         summary = next((c for c in job.trainer.callbacks if type(c).__name__ == "RunSummary"), None)
         if summary is not None and "replay" in summary.config:
             summary.config["replay"]["carried_over"] = carried  # filled when the checkpoint loads

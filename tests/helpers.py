@@ -270,6 +270,51 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalIn(L.Callback):
+    """Sends `signum` to this process in a phase of the run outside the training steps: ``setup`` (when the callbacks
+    are built, while the run is set up), ``test`` (after the held-out test's first batch) or ``train_end`` (as
+    training ends, after the final sample). ``SignalAt`` covers the steps and validations, ``SignalingLogger`` the
+    final writes."""
+
+    def __init__(self, signum: int, phase: str):
+        self.signum, self.phase = signum, phase
+        if phase == "setup":
+            os.kill(os.getpid(), signum)
+
+    def on_test_batch_end(self, trainer, *args) -> None:
+        if self.phase == "test" and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.phase == "train_end" and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+
+class SignalingLogger(Logger):
+    """A logger that sends `signum` to this process when the run finishes its loggers: the final writes."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return "signaling"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def finish(self) -> None:
+        os.kill(os.getpid(), self.signum)
+
+
 class WaitForSignalAt(L.Callback):
     """After training step `step`, prints MARKER and waits (at most 60 s) for a signal sent from outside."""
 

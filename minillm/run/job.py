@@ -63,6 +63,8 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
         start.check_model(model_cfg.to_dict())
         loggers = build.instantiate_group(cfg, "logger")
         trainer = build.build_trainer(cfg, callbacks, loggers)
+        if start.branch:  # a new run: the parent's record of itself stays the parent's
+            trainer.strategy.checkpoint_io = resume.TransformedCheckpointIO(resume.as_new_run)
         settings = resume.run_settings(cfg, trainer.world_size)
         if cfg.get("train", True):
             start.check_settings(settings)
