@@ -141,7 +141,7 @@ def import_hf(folder: str | os.PathLike, out: str | os.PathLike, max_seq_len: in
         raise ValueError(f"{str(folder / 'config.json')!r} is not JSON ({err})") from None
     problems = unmappable(config)
     if problems:
-        raise ValueError(f"cannot import {config.get('architectures') or config.get('model_type')}: "
+        raise ValueError(f"cannot import {str(folder)!r} ({config.get('architectures') or config.get('model_type')}): "
                          f"{', '.join(problems)}")
     cfg = model_config(config, max_seq_len)
     model = Transformer(cfg)

@@ -66,7 +66,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
         try:
             lock.acquire()
             record = read_record(out_dir)
-            if cfg.get("ckpt_path") == "auto" and has_ended(record, cfg.get("test", True)):
+            if cfg.get("ckpt_path") == "auto" and has_ended(record, cfg.trainer.max_steps, cfg.get("test", True)):
                 undo_start()
                 log.info(f"ckpt_path=auto: this run has ended, nothing to resume; {outcome_line(out_dir, record)}")
                 return record.get("final_val_loss")

@@ -192,6 +192,8 @@ def test_ddp_cpu_run_with_default_callbacks_and_loggers(tmp_path, shared_cache, 
     rows = (run / "csv" / "metrics.csv").read_text()
     assert rows.count("\n") > 10 and "test/loss" in rows.splitlines()[0]
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert list((run / "wandb").rglob("samples_*.table.json"))  # the forked processes' W&B media, in the run folder
+    assert not (tmp_path / "wandb").exists()  # not under the working directory
 
 
 # --- the experiment presets' sweeps ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ first; a counterfactual replay on the same batches changes the norm."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,31 @@ def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes
     ok(cli(["-m", "minillm.replay", "--compare", str(run / "replays"), str(tmp_path / "ln"), "--out",
             str(tmp_path / "both.png")], tmp_path, shared_cache))
     assert (tmp_path / "both.png").stat().st_size > 10_000
+
+
+def test_a_replay_is_bit_identical_from_every_kind_of_checkpoint(tmp_path, shared_cache, corpus):
+    """The checkpoints a user has: last.ckpt and best.ckpt written at the end of a fit (a 6-step run, later continued
+    to 12 steps), a step-N checkpoint and a preempted.ckpt. Replayed, each gives the original's losses step by step
+    (from a checkpoint written at the end of a fit, each loss was logged one step early: not identical)."""
+    common = ["trainer.val_check_interval=6", "scheduler.total_steps=12",
+              "callbacks.step_checkpoints.every_n_train_steps=3"]
+    run = train(tmp_path, shared_cache, corpus, "r", *common, "trainer.max_steps=6")
+    for name in ("last", "best"):  # what the 6-step run left at its end
+        shutil.copy(run / "checkpoints" / f"{name}.ckpt", run / "checkpoints" / f"end6-{name}.ckpt")
+    stop = ["+callbacks.signal._target_=helpers.SignalAt", "+callbacks.signal.signum=15", "+callbacks.signal.step=9"]
+    out = cli([TRAIN, *SMALL, f"data.files=[{corpus}]", "run_id=r", *common, "trainer.max_steps=12", "ckpt_path=auto",
+               *stop], tmp_path, shared_cache)
+    assert out.returncode == 143, out.output[-3000:]
+    train(tmp_path, shared_cache, corpus, "r", *common, "trainer.max_steps=12", "ckpt_path=auto")
+    original = losses(run)
+    assert sorted(original) == list(range(12))
+    for ckpt, steps in (("end6-last", "6:12"), ("end6-best", "6:12"), ("step-6", "6:12"), ("preempted", "9:12")):
+        out = replay(tmp_path, shared_cache, str(run / "checkpoints" / f"{ckpt}.ckpt"), "--steps", steps, "--out",
+                     str(run / "replays" / ckpt))
+        first = int(steps.split(":")[0])
+        record = json.loads((run / "replays" / ckpt / "summary.json").read_text())["replay"]
+        assert record["identical_to_original"] is True and record["compared_steps"] == 12 - first, (ckpt, out[-2000:])
+        assert losses(run / "replays" / ckpt) == {s: original[s] for s in range(first, 12)}, ckpt
 
 
 def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_planted_layer_first(tmp_path,

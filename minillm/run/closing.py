@@ -38,9 +38,11 @@ def read_record(folder: Path, name: str = "summary.json") -> dict[str, Any]:
         return {}
 
 
-def has_ended(record: dict[str, Any], test: bool) -> bool:
-    """The run has an outcome and, when it is to be tested, its held-out test was done."""
-    return record.get("status") in OUTCOMES and (not test or record.get("test_weights") is not None)
+def has_ended(record: dict[str, Any], max_steps: int, test: bool) -> bool:
+    """The run has an outcome (diverged, or trained its max_steps: a larger trainer.max_steps continues it) and,
+    when it is to be tested, its held-out test was done."""
+    trained = record.get("status") == "diverged" or (record.get("steps") or 0) >= max_steps
+    return record.get("status") in OUTCOMES and trained and (not test or record.get("test_weights") is not None)
 
 
 def resume_hint(cfg: DictConfig, folder: Path) -> str:
