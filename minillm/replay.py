@@ -29,6 +29,7 @@ import logging
 import math
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from minillm.errors import ArgumentParser, ConfigError, disk_error
 from minillm.metrics import DIVERGED, TRAIN_LOSS
 from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayStart, carry_over
 from minillm.run.resume import TransformedCheckpointIO
+from minillm.run.signals import StopSignals, signal_of
 from minillm.runs import find_runs, read_curves
 
 PROG = "minillm-replay"
@@ -232,7 +234,8 @@ def replay(ckpt: str | Path, steps: tuple[int, int], out: str | Path | None = No
         for p in reversed(created):
             shutil.rmtree(p, ignore_errors=True)
         raise
-    run_job(job)
+    with StopSignals() as signals:  # a stop signal (the run's own command may send one) ends it as stopped
+        run_job(job, signals)
     finish(out, run, steps, overrides, cfg)
     return out
 
@@ -275,7 +278,6 @@ def finish(out: Path, run: Path, steps: tuple[int, int], overrides: list[str], c
     if path.is_file():
         summary = json.loads(path.read_text())
         summary.setdefault("replay", {}).update(_finite(result))
-        summary["failed"] = bool(summary.get("diverged")) or summary.get("status") == "failed"  # never validates
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         tmp.replace(path)
@@ -372,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.ckpt or args.steps is None:
             raise ReplayError("CKPT and --steps A:B are required (or --compare DIR...)")
         out = replay(args.ckpt, parse_steps(args.steps), args.out, args.overrides)
+    except SystemExit as stopped:
+        signum = signal_of(stopped.code)
+        if signum is None:
+            raise
+        print(f"{PROG}: stopped by {signal.Signals(signum).name}; the replay is incomplete (summary.json says "
+              "preempted): replay again", file=sys.stderr)
+        return stopped.code
     except (ReplayError, ConfigError, OSError) as err:
         line = disk_error(err) if isinstance(err, OSError) and not isinstance(err, ReplayError) else None
         print(f"{PROG}: error: {line or ' '.join(str(err).split())}", file=sys.stderr)

@@ -235,3 +235,22 @@ def test_an_override_that_adds_or_deletes_is_refused(override):
 
     with pytest.raises(ReplayError, match="cannot be replayed"):
         parse_overrides([override])
+
+
+@pytest.mark.slow  # tokenizes Shakespeare, 60 steps with every probe on every step
+def test_the_forensics_pages_planted_spike_gives_the_answer_it_quotes(tmp_path, shared_cache):
+    """docs/forensics.md's first command, with the overrides it gives for its figures (Shakespeare, the tiny model, the
+    planted jump of layer 1's update at step 40): the log line and the report's first row are the page's. (Layer 0's
+    gradient norm wanders past z = 5 at step 33 and back; counted as an onset, it came first.)"""
+    import re
+
+    page = (ROOT / "docs" / "forensics.md").read_text()
+    command = re.search(r"^python train\.py (name=demo [^#\n]*)", page, re.M).group(1).split()
+    figures = re.search(r"on the tiny model\s*\(`([^`]*)`\)", page).group(1).split()
+    planted = re.search(r"\(`(\+callbacks\.jump\.[^`]*)`", page).group(1).split()
+    out = ok(cli([TRAIN, *command, *figures, *planted], tmp_path, shared_cache))
+    quoted = re.search(r"first to move: (\S+: at step \d+, \d+ steps? before the spike)", page).group(1)
+    assert f"first to move: {quoted}" in out, out[-3000:]
+    row = re.search(r"^\| 1 \| (`\S+`) \| (\S+) \| (\d+) \| (\d+) \|", page, re.M).groups()
+    report = (tmp_path / "logs" / "demo" / "runs" / "spiky" / "spikes" / "step_41.md").read_text()
+    assert re.search(r"^\| 1 \| " + r" \| ".join(map(re.escape, row)) + r" \|", report, re.M), report

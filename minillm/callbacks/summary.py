@@ -270,7 +270,8 @@ class RunSummary(L.Callback):
             "test_loss": self.test_loss, "test_weights": self.test_weights,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": tripped,
-            "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
+            "failed": (diverged or status == "failed") if "replay" in s and status != "preempted" else
+            is_failed(status, diverged, final_val, s["unigram_loss"]),  # a replay never validates: its training
             **totals,  # RunTotals: max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, ...
             "tokens": tokens,
             "train_time_s": round(train_time, 3),
