@@ -108,5 +108,10 @@ def main() -> float | None:
     misspelt key, an override it cannot parse, a folder it cannot make, a flag it does not know) as one line and
     exit code 2."""
     parse_in_one_line(_compat.hydra_args_parser().parse_args)  # Hydra parses the same again
-    with errors_in_one_line():
-        return hydra_main()
+    try:
+        with errors_in_one_line():
+            return hydra_main()
+    except KeyboardInterrupt:  # before a job's handlers are set (Hydra composing the config) or between sweep jobs
+        print("stopped by SIGINT (Ctrl-C) outside a run (Hydra composing its config, or between a sweep's jobs)",
+              file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)

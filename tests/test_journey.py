@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CONFIGS, ROOT, write_corpus
+from helpers import CONFIGS, ROOT, check_derived_files, write_corpus
 from processes import Result, cli, cli_all, environ, ok, summaries
 
 # What the README says the test appends to each `python train.py` line (README.md, "Using it").
@@ -186,7 +186,7 @@ def test_ddp_cpu_run_with_default_callbacks_and_loggers(tmp_path, shared_cache, 
             "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4", "data.val_windows=8",
             "callbacks.text_sample.max_new_tokens=8", "name=ddp"], tmp_path, shared_cache))
     (run,) = (tmp_path / "logs" / "ddp" / "runs").iterdir()
-    (summary,) = summaries(run)
+    summary = check_derived_files(run)  # summary.json, metrics.csv and the W&B summary agree
     assert summary["status"] == "completed" and summary["steps"] == 30 and summary["test_loss"] is not None
     assert summary["tokens"] == 30 * 4 * 32 * 2  # both processes' batches
     rows = (run / "csv" / "metrics.csv").read_text()
