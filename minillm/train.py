@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from minillm import _compat
 from minillm.errors import ConfigError, disk_error, parse_in_one_line
 from minillm.run import resolvers
-from minillm.run.closing import has_ended, outcome_line, read_record, stopped_line
+from minillm.run.closing import failed_line, has_ended, outcome_line, read_record, stopped_line
 from minillm.run.folder import RunFolderLock, discard_start
 from minillm.run.hydra import config_dir, errors_in_one_line, route_library_logs
 from minillm.run.job import Job, fit, prepare, run, test, train  # noqa: F401  (minillm.train.<name>)
@@ -93,7 +93,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
             raise
         except Exception as err:  # found while training: a token store changed on disk, a full disk
             line = f"{err.what}: {err}" if isinstance(err, ConfigError) else disk_error(err, where=out_dir)
-            if line is None:
+            if line is None:  # a bug: its traceback follows the closing line
+                log.error(failed_line(cfg, out_dir, err, read_record(out_dir, record_name)))
                 raise
             stop(line)
         line = outcome_line(out_dir, read_record(out_dir, record_name), evaluation=not cfg.get("train", True))

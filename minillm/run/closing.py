@@ -70,11 +70,13 @@ def outcome_line(folder: Path, record: dict[str, Any], evaluation: bool = False)
         return (f"evaluation of {record.get('test_weights')}: test loss {_loss(record.get('test_loss'))}; "
                 f"{folder / 'evaluation.json'}")
     status = record.get("status")
+    if status is None:  # callbacks without RunSummary
+        return f"run ended: {folder} (csv/metrics.csv, train.log; no summary.json: callbacks without the summary)"
     detail = f"final val loss {_loss(record.get('final_val_loss'))}"
     if record.get("test_weights") is not None:
         detail += f", test loss {_loss(record.get('test_loss'))}"
     if status == "diverged":
-        detail = f"diverged at step {record.get('diverged_step')}: {record.get('diverged_reason')}"
+        detail = f"at step {record.get('diverged_step')}: {record.get('diverged_reason')}"
     return (f"run {status} after {record.get('steps')} steps ({detail}): {folder} (summary.json, csv/metrics.csv, "
             f"train.log); table and plots: python -m minillm.report {folder}")
 
@@ -89,9 +91,15 @@ def stopped_line(cfg: DictConfig, folder: Path, signum: int, phase: str, record:
     return f"run stopped by {name} {where} in the {phase} (preempted): {resume_hint(cfg, folder)}"
 
 
+def failed_line(cfg: DictConfig, folder: Path, error: BaseException, record: dict[str, Any]) -> str:
+    """A run that crashed (a bug, an out-of-memory error; its traceback follows): where it stopped and how to go on."""
+    where = f"at step {record.get('steps')}" if record.get("steps") is not None else "before its first step"
+    return f"run failed {where} ({type(error).__name__}: {error}): {folder}; {resume_hint(cfg, folder)}"
+
+
 def count_line(folder: Path) -> str:
     """``sweep ended, N jobs: a completed, b diverged, ...; <folder>; table and plots: ...``"""
-    runs = [r for r in find_runs(folder) if "test_weights" not in r.summary or "steps" in r.summary]
+    runs = find_runs(folder)
     counts = Counter(str(r.summary.get("status")) for r in runs)
     ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
     return (f"sweep ended, {len(runs)} jobs: {ended}; {folder}; table and plots: python -m minillm.report {folder}")

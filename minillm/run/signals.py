@@ -29,7 +29,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 log = logging.getLogger("minillm")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 STOP_CODES = {128 + s for s in STOP_SIGNALS}  # the exit status of a run stopped by one: 143, 130, 140
-PHASES = ("set-up", "fit", "test", "final writes")
 
 
 class Interrupted(SIGTERMException):
