@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 
 from minillm import _compat
 from minillm.errors import ConfigError, parse_in_one_line
-from minillm.hub import load_checkpoint
+from minillm.hub import load_checkpoint, read_checkpoint
 from minillm.scoring import Scorer
 
 
@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     cli = _compat.lm_eval_cli()
     args = parse_in_one_line(cli.parse_args)
     try:
+        if getattr(args, "model", None) == "minillm":  # a bad checkpoint fails before lm_eval indexes its tasks
+            from lm_eval.utils import simple_parse_args_string
+
+            given = getattr(args, "model_args", None) or {}
+            given = simple_parse_args_string(given) if isinstance(given, str) else given  # lm_eval parses it
+            read_checkpoint(given.get("checkpoint") or "", mmap=True)
         cli.execute(args)
     except (ConfigError, ValueError) as err:  # CheckpointError, a task lm_eval does not find
         print(f"minillm-lm-eval: error: {' '.join(str(err).split())}", file=sys.stderr)
