@@ -4,7 +4,9 @@ Each component checks its own arguments when it is built (ModelConfig, the norms
 callbacks), with the helpers below, so a bad value fails before anything trains, with a message that names the
 field, the value and what is allowed. train.py reports a ConfigError (and its subclasses DataError and
 CheckpointError) as ``<what>: <message>`` with exit code 2; every other exception is a bug and keeps its
-traceback. Plain Python: no Hydra, no Lightning.
+traceback. The console scripts parse their arguments with ``ArgumentParser`` (Hydra's and lm-eval's parsers through
+``parse_in_one_line``), so a bad flag is one line too; a disk that refuses is ``disk_error``'s line, naming the file
+(``writing``). Plain Python: no Hydra, no Lightning.
 """
 
 from __future__ import annotations

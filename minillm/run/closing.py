@@ -31,6 +31,7 @@ OUTCOMES = ("completed", "diverged", "not_trained")  # statuses of a run that ha
 
 
 def read_record(folder: Path, name: str = "summary.json") -> dict[str, Any]:
+    """A run's summary.json (or evaluation.json) as a dict; empty when there is none (yet)."""
     path = folder / name
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
