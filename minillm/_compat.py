@@ -87,13 +87,10 @@ def dump_checkpoint(trainer: L.Trainer) -> dict:
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
 
 
-def store_one_logged_step_less(checkpoint: dict) -> None:
-    """When Lightning resumes a checkpoint that was not saved at the end of a step with no validation in it, it
-    adds one to the count of steps it has logged (ModelCheckpoint saves before the step's count is made).
-    For a checkpoint whose count is complete, store one less, so the resumed run logs its steps at the same
-    indices as an uninterrupted run (Lightning 2.6 layout)."""
-    state = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
-    state["_batches_that_stepped"] -= 1
+def log_at_step(trainer: L.Trainer, step: int) -> None:
+    """Make ``step`` the step index Lightning logs the current training step at (its count of the batches that
+    stepped an optimizer, ``_batches_that_stepped``)."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
 # --- loggers (minillm/loggers.py) -----------------------------------------------------------------------------
@@ -156,6 +153,27 @@ def label_training_by_steps(bar_cls: type) -> type:
 
     bar_cls._get_train_description = description
     return bar_cls
+
+
+# --- Hydra (minillm/train.py) ---------------------------------------------------------------------------------
+
+
+def hydra_args_parser() -> Any:
+    """The argparse parser ``hydra.main`` parses the command line with (``hydra._internal.utils.get_args_parser``)."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+# --- lm-evaluation-harness (minillm/harness.py) -------------------------------------------------------------
+
+
+def lm_eval_cli() -> Any:
+    """lm_eval's command line (``lm_eval._cli.HarnessCLI``, what its ``lm-eval`` command runs): ``parse_args()``
+    reads sys.argv, ``execute(args)`` runs it."""
+    from lm_eval._cli import HarnessCLI
+
+    return HarnessCLI()
 
 
 # --- datasets (minillm/data/token_files.py) --------------------------------------------------------------

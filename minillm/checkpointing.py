@@ -18,7 +18,7 @@ import fsspec
 import torch
 from lightning.pytorch.plugins import TorchCheckpointIO
 
-from minillm.errors import CheckpointError
+from minillm.errors import CheckpointError, writing
 from minillm.model import ModelConfig
 from minillm.norms import canonical_norms
 from minillm.optim import schedule_settings
@@ -44,17 +44,18 @@ def _check_is_lightning(path: Any, ckpt: Any) -> dict:
     return ckpt
 
 
-def read_checkpoint_header(path: str | os.PathLike) -> dict:
+def read_checkpoint_header(path: str | os.PathLike, field: str = "ckpt_path") -> dict:
     """The checkpoint as a dict, memory-mapped (tensors are not read): cheap access to hyper_parameters.
-    For a sharded (FSDP) checkpoint directory, its metadata file (no state_dict)."""
+    For a sharded (FSDP) checkpoint directory, its metadata file (no state_dict). ``field`` names the option or
+    argument the path came from in the errors."""
     sharded = Path(path).is_dir()
     file = Path(path) / "meta.pt" if sharded else Path(path)
     if sharded and not file.is_file():
         inside = sorted(Path(path).glob("**/*.ckpt"))[:3]
         hint = f", e.g. {', '.join(map(str, inside))}" if inside else ""
-        raise CheckpointError(f"ckpt_path={str(path)!r} is a folder, not a checkpoint: give a .ckpt file{hint}")
+        raise CheckpointError(f"{field}={str(path)!r} is a folder, not a checkpoint: give a .ckpt file{hint}")
     if not file.is_file():
-        raise CheckpointError(f"ckpt_path={str(path)!r} does not exist")
+        raise CheckpointError(f"{field}={str(path)!r} does not exist")
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
@@ -79,7 +80,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
-            with open(tmp, "wb") as f:
+            with writing(path), open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())

@@ -4,17 +4,26 @@ Each component checks its own arguments when it is built (ModelConfig, the norms
 callbacks), with the helpers below, so a bad value fails before anything trains, with a message that names the
 field, the value and what is allowed. train.py reports a ConfigError (and its subclasses DataError and
 CheckpointError) as ``<what>: <message>`` with exit code 2; every other exception is a bug and keeps its
-traceback. Plain Python: no Hydra, no Lightning.
+traceback. The console scripts parse their arguments with ``ArgumentParser`` (Hydra's and lm-eval's parsers through
+``parse_in_one_line``), so a bad flag is one line too; a disk that refuses is ``disk_error``'s line, naming the file
+(``writing``). Plain Python: no Hydra, no Lightning.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import errno
+import io
 import math
 import os
 import re
-from collections.abc import Iterable
-from typing import Any
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -90,15 +99,65 @@ def check_name(field: str, value: Any, optional: bool = False) -> None:
 
 
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+SPACE_ERRORS = {errno.ENOSPC, errno.EDQUOT}  # a full disk or quota: always a write, never a bad input file
 
 
-def disk_error(err: BaseException | None) -> str | None:
-    """``disk error: ...`` for a file a run cannot write (a full disk, a read-only or forbidden folder, a path
-    that is a file), found in err or what caused it; None for anything else."""
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in DISK_ERRORS:
-            where = f" {err.filename}" if err.filename else ""
-            return (f"disk error: cannot write{where} ({os.strerror(err.errno)}); free space or choose a writable "
-                    "folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+def causes(err: BaseException | None) -> Iterator[BaseException]:
+    """err, then what caused it (``__cause__``, else ``__context__``), each once (a chain can loop back)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
         err = err.__cause__ or err.__context__
-    return None
+
+
+def disk_oserror(err: BaseException | None, kinds: set[int] = DISK_ERRORS) -> OSError | None:
+    """The OSError of a file a run cannot write (errno in ``kinds``) found in err or what caused it; None if none."""
+    return next((e for e in causes(err) if isinstance(e, OSError) and e.errno in kinds), None)
+
+
+def disk_error(err: BaseException | None, where: str | os.PathLike | None = None) -> str | None:
+    """``disk error: ...`` for a file a run cannot write (a full disk, a read-only or forbidden folder, a path
+    that is a file), found in err or what caused it; None for anything else. A full disk's write error names no
+    file: then ``where`` (the folder being written) is named."""
+    found = disk_oserror(err)
+    if found is None:
+        return None
+    path = found.filename or (f"in {where}" if where is not None else None)
+    return (f"disk error: cannot write{f' {path}' if path else ''} ({os.strerror(found.errno)}); free space or "
+            "choose a writable folder (paths.log_dir for run folders, data.cache_dir for token stores)")
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Name ``path`` in a disk error raised inside the block (a full disk's write error names no file)."""
+    try:
+        yield
+    except Exception as err:
+        found = disk_oserror(err)
+        if found is None or found.filename:
+            raise
+        raise OSError(found.errno, os.strerror(found.errno), str(path)) from err
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for minillm's console scripts: a bad flag or argument is one line, ``<prog>: error:
+    <message>``, exit code 2 (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_in_one_line(parse: Callable[[], T]) -> T:
+    """Run the argument parsing of another library's command line (Hydra's, lm-eval's): its error is one line, as
+    ArgumentParser's (the usage block it prints before is dropped); anything else it prints passes as it is."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            result = parse()
+    except SystemExit as exit_:
+        errors = [line for line in printed.getvalue().splitlines() if ": error: " in line]
+        sys.stderr.write(errors[-1] + "\n" if exit_.code == 2 and errors else printed.getvalue())
+        raise
+    sys.stderr.write(printed.getvalue())
+    return result

@@ -14,7 +14,6 @@ vocabulary built from another corpus is refused). Bad input: one line on stderr,
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -28,6 +27,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
 from minillm.checkpointing import check_model_config, read_checkpoint_header
+from minillm.errors import ArgumentParser
 from minillm.lit_module import LitLM
 from minillm.run.hydra import config_dir, config_errors, one_line
 
@@ -44,7 +44,9 @@ def run_overrides(ckpt: Path) -> list[str]:
 def evaluate(ckpt: str | Path, overrides: list[str] = ()) -> dict[str, float]:
     """test/loss, test/ppl, test/bpc (or bpb) of the checkpoint's weights on the held-out split."""
     ckpt = Path(ckpt)
-    header = read_checkpoint_header(ckpt)
+    header = read_checkpoint_header(ckpt, field="CKPT")
+    saved = (header.get("hyper_parameters") or {}).get("model")
+    check_model_config(saved, saved or {}, f"checkpoint {str(ckpt)!r}")  # a checkpoint of another model: before data
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("train", overrides=[*run_overrides(ckpt), *overrides])
@@ -53,7 +55,6 @@ def evaluate(ckpt: str | Path, overrides: list[str] = ()) -> dict[str, float]:
         datamodule.prepare_data()
         datamodule.setup("test")
         datamodule.load_state_dict(header.get(type(datamodule).__qualname__) or {})  # the checkpoint's tokenizer
-        saved = (header.get("hyper_parameters") or {}).get("model")
         check_model_config(saved, {**saved, "vocab_size": datamodule.vocab_size}, f"checkpoint {str(ckpt)!r}")
     module = LitLM(saved)
     trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
@@ -74,7 +75,7 @@ def evaluate_tasks(ckpt: str | Path, tasks: list[Path], batch_size: int = 16, de
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="minillm-eval", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="minillm-eval", description=__doc__.split("\n")[0])
     parser.add_argument("ckpt", type=Path, help="a checkpoint written by train.py (or minillm-import)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the data config, e.g. data=files")
     parser.add_argument("--json", type=Path, default=None, help="also write the metrics to this JSON file")
@@ -128,5 +129,4 @@ def lm_eval_main(argv: list[str] | None = None) -> int:
         return 2
     from minillm.harness import main as harness_main
 
-    harness_main(argv)
-    return 0
+    return harness_main(argv)

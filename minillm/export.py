@@ -10,7 +10,6 @@ others the Llama export stops with one line naming every field Llama cannot expr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,6 +23,7 @@ from tokenizers import decoders, models, pre_tokenizers
 from torch import Tensor
 
 from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer
+from minillm.errors import ArgumentParser
 from minillm.hub import MinillmHub, load_checkpoint
 from minillm.model import ModelConfig, Transformer
 from minillm.norms import canonical_norm
@@ -231,7 +231,7 @@ def export_hub_mixin(ckpt: str | os.PathLike, out_dir: str | os.PathLike) -> Pat
 
 def main(argv: list[str] | None = None) -> int:
     """Console script minillm-export; exit code 2 with one line on stderr for a bad checkpoint or model."""
-    parser = argparse.ArgumentParser(prog="minillm-export", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="minillm-export", description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="Lightning checkpoint written by minillm (.ckpt)")
     parser.add_argument("out_dir", help="folder to write (created if missing)")
     parser.add_argument("--hub-mixin", action="store_true",

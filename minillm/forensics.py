@@ -1,8 +1,10 @@
 """Which signal moved first before a loss spike: lead-lag of the per-step stability signals (pure functions).
 
 Given the per-step metrics of the steps up to a spike (a spike file's ring buffer, or a replay's metrics.csv, where
-the probes ran on every step), each signal's onset is the first step from which it stands ``threshold`` robust
-z-scores away from its own baseline, the first half of the window. The z-scores are taken on log(value) for a signal
+the probes ran on every step), each signal's onset is the first step of its move into the spike: the run of
+consecutive steps at ``threshold`` robust z-scores or more from its own baseline (the first half of the window) that
+reaches the spike's step or the step before it. A move that faded before then (a gradient norm that doubled for a step
+and came back) is not part of the spike, however early it was. The z-scores are taken on log(value) for a signal
 that is positive (every one but a few logits: a move is a factor, whatever the signal's units), on the value
 otherwise: z = (x - median) / scale, with scale = max(1.4826 * MAD, ``floor``) over the baseline; the floor (0.2 in
 log units: a factor of about 1.22 per unit of z, so an onset at z = 5 is a move of 3x or more) keeps a signal that
@@ -75,6 +77,17 @@ def _zscores(points: list[tuple[int, float]], floor: float, min_baseline: int) -
     return [(s, (x - median) / scale) for (s, _), x in zip(points, xs, strict=True)], n_base
 
 
+def _onset(zs: list[tuple[int, float]], spike_step: int, threshold: float) -> tuple[int, float] | None:
+    """(step, z) where the move into the spike began: the start of the first run of consecutive |z| >= threshold that
+    reaches step spike_step - 1 (an update at the step before shows in the spike's loss) or the spike's step."""
+    start = None
+    for step, z in zs:
+        start = (start or (step, z)) if abs(z) >= threshold else None
+        if start is not None and step >= spike_step - 1:
+            return start
+    return None
+
+
 def lead_lag(series: Series, spike_step: int, threshold: float = 5.0, floor: float = 0.2,
              min_baseline: int = 3) -> list[dict[str, Any]]:
     """Every signal with at least ``min_baseline`` + 1 values at or before ``spike_step``, ranked: those that moved
@@ -88,7 +101,7 @@ def lead_lag(series: Series, spike_step: int, threshold: float = 5.0, floor: flo
         if not is_signal(key) or len(points) < min_baseline + 1 or not all(math.isfinite(v) for _, v in baseline):
             continue  # too short, or not finite in its baseline (an infinite value later is a move: z = inf)
         zs, n_base = _zscores(points, floor, min_baseline)
-        onset = next(((s, z) for s, z in zs[n_base:] if abs(z) >= threshold), None)
+        onset = _onset(zs[n_base:], spike_step, threshold)
         peak = max(range(len(zs)), key=lambda i: abs(zs[i][1]))
         median = statistics.median(v for _, v in points[:n_base])
         entries.append({"signal": key, "layer": layer_of(key), "onset_step": onset[0] if onset else None,

@@ -20,7 +20,9 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from minillm.hub import load_checkpoint
+from minillm import _compat
+from minillm.errors import ConfigError, parse_in_one_line
+from minillm.hub import load_checkpoint, read_checkpoint
 from minillm.scoring import Scorer
 
 
@@ -79,13 +81,28 @@ class MinillmLM(LM):
         return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """lm_eval's command line with the model ``minillm`` registered."""
-    from lm_eval.__main__ import cli_evaluate
+def main(argv: list[str] | None = None) -> int:
+    """lm_eval's command line with the model ``minillm`` registered; a bad flag, checkpoint or task is one line,
+    ``minillm-lm-eval: error: ...``, exit code 2 (lm_eval reports its own input errors as ValueError)."""
+    from lm_eval.utils import setup_logging
 
     sys.argv = ["minillm-lm-eval", *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    setup_logging()
+    cli = _compat.lm_eval_cli()
+    args = parse_in_one_line(cli.parse_args)
+    try:
+        if getattr(args, "model", None) == "minillm":  # a bad checkpoint fails before lm_eval indexes its tasks
+            from lm_eval.utils import simple_parse_args_string
+
+            given = getattr(args, "model_args", None) or {}
+            given = simple_parse_args_string(given) if isinstance(given, str) else given  # lm_eval parses it
+            read_checkpoint(given.get("checkpoint") or "", mmap=True)
+        cli.execute(args)
+    except (ConfigError, ValueError) as err:  # CheckpointError, a task lm_eval does not find
+        print(f"minillm-lm-eval: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,22 +34,16 @@ def says_no_tokenizer(ckpt: dict) -> bool:
     return isinstance(state, dict) and "tokenizer" in state and state["tokenizer"] is None
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
-                    require_tokenizer: bool = True) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
-    """A minillm Lightning checkpoint (or one of minillm-import) -> (Transformer in eval mode, tokenizer, meta).
-
-    meta: ``model`` (the ModelConfig dict as trained, fused_rmsnorm kept), ``global_step``, ``epoch``,
-    ``hyper_parameters``, ``path`` and ``minillm`` (the checkpoint's record: version, commit, ``imported_from``).
-    A fused_rmsnorm model is built with rmsnorm (identical weights and function), so it loads on any machine.
-    A checkpoint that says it has no tokenizer gives None with ``require_tokenizer=False``. Raises CheckpointError
-    (a ValueError) with one readable line.
-    """
+def read_checkpoint(path: str | os.PathLike, require_tokenizer: bool = True, mmap: bool = False) -> dict[str, Any]:
+    """A minillm Lightning checkpoint (or one of minillm-import) as a dict, checked: a file torch.save wrote, with
+    minillm's model config, its weights and (unless ``require_tokenizer=False``) a tokenizer. ``mmap``: tensors are
+    not read (a quick check before a long start). Raises CheckpointError (a ValueError) with one readable line."""
     path = Path(path)
     if not path.is_file():
         what = "is a directory (a sharded checkpoint? consolidate it first)" if path.is_dir() else "does not exist"
         raise CheckpointError(f"checkpoint {str(path)!r} {what}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
         detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))  # torch's message is long
         reason = detail.group(1) if detail else (str(err).strip().splitlines() or [""])[0]
@@ -60,14 +54,30 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
     if not isinstance(model_cfg, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{str(path)!r} is not a minillm checkpoint (no state_dict and "
                               "hyper_parameters['model'] written by minillm's LitLM)")
-    tok_state = _tokenizer_state(ckpt)
-    if tok_state is None and says_no_tokenizer(ckpt):
-        if require_tokenizer:
+    if _tokenizer_state(ckpt) is None and (require_tokenizer or not says_no_tokenizer(ckpt)):
+        if says_no_tokenizer(ckpt):
             raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: it was imported from a folder without "
                                   "tokenizer.json; import it again with --tokenizer <tokenizer.json>")
-    elif tok_state is None:
         raise CheckpointError(f"checkpoint {str(path)!r} has no tokenizer: saved without its datamodule "
                               f"(checkpoint[{DATAMODULE_KEY!r}]['tokenizer'])")
+    return ckpt
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
+                    require_tokenizer: bool = True) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
+    """A minillm Lightning checkpoint (or one of minillm-import) -> (Transformer in eval mode, tokenizer, meta).
+
+    meta: ``model`` (the ModelConfig dict as trained, fused_rmsnorm kept), ``global_step``, ``epoch``,
+    ``hyper_parameters``, ``path`` and ``minillm`` (the checkpoint's record: version, commit, ``imported_from``).
+    A fused_rmsnorm model is built with rmsnorm (identical weights and function), so it loads on any machine.
+    A checkpoint that says it has no tokenizer gives None with ``require_tokenizer=False``. Raises CheckpointError
+    (a ValueError) with one readable line (read_checkpoint).
+    """
+    path = Path(path)
+    ckpt = read_checkpoint(path, require_tokenizer)
+    hparams = ckpt["hyper_parameters"]
+    model_cfg = hparams["model"]
+    tok_state = _tokenizer_state(ckpt)
     model = Transformer(ModelConfig(**canonical_norms(model_cfg)))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:

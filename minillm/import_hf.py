@@ -14,7 +14,6 @@ minillm-lm-eval, minillm-export); its tokenizer is the folder's tokenizer.json, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,9 +22,11 @@ from typing import Any
 
 import tokenizers
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from minillm.data import HFTokenizer
+from minillm.errors import ArgumentParser
 from minillm.export import LAYER_NAMES, LLAMA_NORM_OPTIONS
 from minillm.hub import DATAMODULE_KEY
 from minillm.model import ModelConfig, Transformer
@@ -93,7 +94,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
                          "model with save_pretrained(..., safe_serialization=True)")
     weights: dict[str, torch.Tensor] = {}
     for name in files:
-        weights.update(load_file(str(folder / name)))
+        try:
+            weights.update(load_file(str(folder / name)))
+        except (OSError, SafetensorError) as err:  # truncated, or not a safetensors file
+            raise ValueError(f"{str(folder / name)!r} cannot be read ({' '.join(str(err).split())}); it is truncated "
+                             "or not a safetensors file") from None
     return weights
 
 
@@ -125,12 +130,18 @@ def import_hf(folder: str | os.PathLike, out: str | os.PathLike, max_seq_len: in
               tokenizer: str | os.PathLike | None = None) -> Path:
     """Write a minillm checkpoint of a Hugging Face folder; ValueError (one line) for what does not map."""
     folder = Path(folder)
+    if not folder.exists():
+        raise ValueError(f"{str(folder)!r} does not exist; allowed: a Hugging Face model folder (config.json, "
+                         "model.safetensors)")
     if not (folder / "config.json").is_file():
         raise ValueError(f"{str(folder)!r} is not a Hugging Face model folder (no config.json)")
-    config = json.loads((folder / "config.json").read_text())
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except ValueError as err:
+        raise ValueError(f"{str(folder / 'config.json')!r} is not JSON ({err})") from None
     problems = unmappable(config)
     if problems:
-        raise ValueError(f"cannot import {config.get('architectures') or config.get('model_type')}: "
+        raise ValueError(f"cannot import {str(folder)!r} ({config.get('architectures') or config.get('model_type')}): "
                          f"{', '.join(problems)}")
     cfg = model_config(config, max_seq_len)
     model = Transformer(cfg)
@@ -159,7 +170,7 @@ def import_hf(folder: str | os.PathLike, out: str | os.PathLike, max_seq_len: in
 
 def main(argv: list[str] | None = None) -> int:
     """Console script minillm-import; one line on stderr and exit code 2 for a folder that does not map."""
-    parser = argparse.ArgumentParser(prog="minillm-import", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="minillm-import", description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="a Hugging Face model folder (config.json, model.safetensors)")
     parser.add_argument("out", help="the minillm checkpoint to write (.ckpt)")
     parser.add_argument("--max-seq-len", type=int, default=None, help="the context to keep (default: the model's)")

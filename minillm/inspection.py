@@ -14,7 +14,6 @@ every norm and placement, an imported Hugging Face model too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from minillm.callbacks.probe import FP16_MAX, ActivationProbe, is_max_metric
+from minillm.errors import ArgumentParser
 from minillm.hub import load_checkpoint
 from minillm.loggers import depth_profile
 from minillm.metrics import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric, parse_metric
@@ -136,7 +136,7 @@ def log_tables(profile: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minillm-inspect", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="minillm-inspect", description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="a minillm checkpoint (train.py's, or minillm-import's)")
     parser.add_argument("--text", required=True, help="held-out text (UTF-8) to run the model on")
     parser.add_argument("--out", default=None, help="output folder (default: <checkpoint>.inspect)")

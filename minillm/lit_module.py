@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 
+from minillm import _compat
 from minillm.checkpointing import check_model_config
 from minillm.errors import ConfigError, check_bool, check_choice, check_number, invalid
 from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric, tokens_seen
@@ -66,10 +67,16 @@ class LitLM(L.LightningModule):
         self._eager_for: set[int] = set()  # the callbacks that need the model uncompiled now (run_eagerly)
         self.bits_per_token: float | None = None  # bits/char per nats/token, for the char tokenizer (setup())
         self.token_bytes: Tensor | None = None  # (V,) UTF-8 bytes of each token, from the tokenizer (setup())
-        self.eval_ce = MeanMetric()  # token-weighted mean cross entropy of the current val/test pass
-        # nats and UTF-8 bytes of the evaluated targets (fp64 sums, synced over processes like eval_ce)
-        self.eval_nats, self.eval_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
+        # token-weighted mean cross entropy of the current val/test pass; nats and UTF-8 bytes of the evaluated targets
+        # (fp64 sums, synced over processes like eval_ce); the NaN losses seen. torchmetrics leaves NaNs out of its
+        # sums and means, so a pass that saw one reports NaN for every metric (never the mean of the rest, or a bpb of
+        # 0 from a sum without them)
+        self.eval_ce = MeanMetric(nan_strategy="ignore")
+        self.eval_nats = SumMetric(nan_strategy="ignore").set_dtype(torch.float64)
+        self.eval_bytes = SumMetric(nan_strategy="ignore").set_dtype(torch.float64)
+        self.eval_nans = SumMetric()
         self._window_losses: list[Tensor] = []  # per-window mean losses of the running pass (eval_windows_dir)
+        self._first_batch = True  # of this fit (on_train_batch_start aligns the logged step once)
 
     def setup(self, stage: str) -> None:
         try:
@@ -110,6 +117,23 @@ class LitLM(L.LightningModule):
         self.log(TRAIN_LR, self.optimizers().param_groups[0]["lr"])
         return {"loss": loss, "ce": ce.detach()}
 
+    def on_train_start(self) -> None:
+        self._first_batch = True
+
+    def on_train_batch_start(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """At a fit's first batch, the step Lightning logs at is this step's index: Lightning's own count after a
+        restore depends on where the checkpoint was saved (in a step, at a validation, at the end of a fit)."""
+        if self._first_batch:
+            self._first_batch = False
+            _compat.log_at_step(self.trainer, self.global_step)
+
+    def on_train_batch_end(self, outputs: dict[str, Tensor], batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """The last step validates: stopping the fit there makes Lightning validate (its rule for a fit that stops
+        early), also when the interval does not divide trainer.max_steps or a resumed run starts off its grid."""
+        max_steps = self.trainer.max_steps
+        if max_steps and max_steps > 0 and self.global_step >= max_steps:
+            self.trainer.should_stop = True
+
     def run_eagerly(self, requester: object, on: bool) -> None:
         """Run the model uncompiled while any requester wants it (a callback whose forward hooks a compiled model
         would never call); each callback turns only its own request off."""
@@ -119,6 +143,7 @@ class LitLM(L.LightningModule):
         x, y = batch
         nats = F.cross_entropy(self(x).float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,), once
         self.eval_ce.update(nats.mean(), weight=y.numel())
+        self.eval_nans.update(nats.isnan().sum())
         if self.hparams.eval_windows_dir:
             self._window_losses.append(nats.detach().double().view(y.shape).mean(dim=1).cpu())  # (B,)
         if self.token_bytes is not None:
@@ -134,8 +159,10 @@ class LitLM(L.LightningModule):
         bpb = sum of the targets' nats / ln 2 / sum of the targets' UTF-8 bytes (targets that are special tokens,
         0 bytes, count in neither sum), comparable across tokenizers;
         bpc (char tokenizer only) = loss / ln 2, bits per character."""
-        ce = self.eval_ce.compute()
+        nan = self.eval_nans.compute() > 0  # summed over processes
+        ce = torch.where(nan, torch.nan, self.eval_ce.compute())
         self.eval_ce.reset()
+        self.eval_nans.reset()
         # ce is already the mean over every process (MeanMetric syncs); sync_dist only confirms it to Lightning
         self.log(eval_metric(stage, "loss"), ce, prog_bar=stage == "val", sync_dist=True)
         self.log(eval_metric(stage, "ppl"), ce.exp(), sync_dist=True)
@@ -145,7 +172,8 @@ class LitLM(L.LightningModule):
             nats, nbytes = self.eval_nats.compute(), self.eval_bytes.compute()  # summed over processes
             self.eval_nats.reset()
             self.eval_bytes.reset()
-            self.log(eval_metric(stage, "bpb"), (nats / math.log(2) / nbytes.clamp(min=1)).float(), sync_dist=True)
+            bpb = torch.where(nan, torch.nan, nats / math.log(2) / nbytes.clamp(min=1))
+            self.log(eval_metric(stage, "bpb"), bpb.float(), sync_dist=True)
         if self.hparams.eval_windows_dir:
             self._save_windows(stage)
 

@@ -115,6 +115,7 @@ class SafeWandbLogger(WandbLogger):
         _compat.wandb_init_kwargs(self).pop("anonymous", None)  # deprecated in wandb: passing it prints a warning
         self.per_layer_scalars, self.profile_every_n_steps = per_layer_scalars, profile_every_n_steps
         self._announced = False
+        self._wandb_dir_before: tuple[str | None] | None = None  # (WANDB_DIR before this run set it,)
 
     @property
     @rank_zero_experiment
@@ -126,6 +127,11 @@ class SafeWandbLogger(WandbLogger):
             # Hydra sweep): WandbLogger would log this run into it
             wandb.finish()
         mode = os.environ.get("WANDB_MODE")  # WandbLogger sets WANDB_MODE=dryrun for the whole process
+        if _compat.logger_experiment(self) is None and self.save_dir and self._wandb_dir_before is None:
+            # the processes DDP forks attach to this run with W&B's settings from the environment: without
+            # WANDB_DIR they would write its media (tables) under ./wandb of the working directory
+            self._wandb_dir_before = (os.environ.get("WANDB_DIR"),)
+            os.environ["WANDB_DIR"] = str(self.save_dir)
         try:
             run = super().experiment
         except Exception as err:  # no network, no API key, server down: keep training
@@ -189,6 +195,12 @@ class SafeWandbLogger(WandbLogger):
         if run is not None:
             run.finish()
             _compat.set_logger_experiment(self, None)
+        if self._wandb_dir_before is not None:  # the environment as it was before this run
+            (before,), self._wandb_dir_before = self._wandb_dir_before, None
+            if before is None:
+                os.environ.pop("WANDB_DIR", None)
+            else:
+                os.environ["WANDB_DIR"] = before
 
     @rank_zero_only
     def record_summary(self, summary: Mapping[str, Any]) -> None:
@@ -223,21 +235,23 @@ def depth_profile(metrics: Mapping[str, float]) -> tuple[list[dict], list[dict]]
 
 
 def tensorboard_logger(**kwargs: Any) -> Any:
-    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard or tensorboardX; when
-    neither is installed, one config error that says what to install (not Lightning's ModuleNotFoundError)."""
+    """logger=tensorboard: Lightning's TensorBoardLogger, which writes through tensorboard (minillm[tensorboard],
+    which also has the viewer) or tensorboardX; when neither is installed, one config error that says what to install
+    (not Lightning's ModuleNotFoundError)."""
     import importlib
 
     from minillm.errors import ConfigError
 
-    for module in ("tensorboardX", "tensorboard"):
+    for module in ("tensorboard", "tensorboardX"):
         try:
             importlib.import_module(module)
             break
         except ImportError:
             continue
     else:
-        raise ConfigError("logger=tensorboard needs tensorboardX or tensorboard: pip install tensorboardX (or pip "
-                          "install 'minillm[tensorboard]'); allowed without it: logger=wandb, logger=csv, logger=none")
+        raise ConfigError("logger=tensorboard needs tensorboard (or tensorboardX): pip install 'minillm[tensorboard]' "
+                          "(or pip install tensorboard, which also has the viewer); allowed without it: logger=wandb, "
+                          "logger=csv, logger=none")
     from lightning.pytorch.loggers import TensorBoardLogger
 
     class OneFileTensorBoardLogger(TensorBoardLogger):

@@ -24,12 +24,12 @@ Every error is one line, ``minillm-replay: error: ...``, exit 2, with nothing wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from minillm import forensics
 from minillm.checkpointing import read_checkpoint_header
-from minillm.errors import ConfigError, disk_error
+from minillm.errors import ArgumentParser, ConfigError, disk_error
 from minillm.metrics import DIVERGED, TRAIN_LOSS
-from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayCheckpointIO, ReplayStart, carry_over
+from minillm.run.replay import MODEL_OVERRIDES, OVERRIDES, ReplayStart, carry_over
+from minillm.run.resume import TransformedCheckpointIO
+from minillm.run.signals import StopSignals, signal_of
 from minillm.runs import find_runs, read_curves
 
 PROG = "minillm-replay"
@@ -224,7 +226,7 @@ def replay(ckpt: str | Path, steps: tuple[int, int], out: str | Path | None = No
             carried.update(carry_over(checkpoint, job.module, keep, lr_factor))
             return checkpoint
 
-        job.trainer.strategy.checkpoint_io = ReplayCheckpointIO(transform)
+        job.trainer.strategy.checkpoint_io = TransformedCheckpointIO(transform)
         summary = next((c for c in job.trainer.callbacks if type(c).__name__ == "RunSummary"), None)
         if summary is not None and "replay" in summary.config:
             summary.config["replay"]["carried_over"] = carried  # filled when the checkpoint loads
@@ -232,7 +234,8 @@ def replay(ckpt: str | Path, steps: tuple[int, int], out: str | Path | None = No
         for p in reversed(created):
             shutil.rmtree(p, ignore_errors=True)
         raise
-    run_job(job)
+    with StopSignals() as signals:  # a stop signal (the run's own command may send one) ends it as stopped
+        run_job(job, signals)
     finish(out, run, steps, overrides, cfg)
     return out
 
@@ -275,7 +278,6 @@ def finish(out: Path, run: Path, steps: tuple[int, int], overrides: list[str], c
     if path.is_file():
         summary = json.loads(path.read_text())
         summary.setdefault("replay", {}).update(_finite(result))
-        summary["failed"] = bool(summary.get("diverged")) or summary.get("status") == "failed"  # never validates
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         tmp.replace(path)
@@ -355,13 +357,8 @@ def compare(folders: list[str | Path], out: str | Path | None = None) -> Path:
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", nargs="?", help="a checkpoint at or before step A, a spike file, or a folder of them")
     parser.add_argument("overrides", nargs="*", help=f"key=value, of: {', '.join(OVERRIDES)}")
     parser.add_argument("--steps", help="A:B, the steps A to B - 1 (the step column of metrics.csv)")
@@ -377,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.ckpt or args.steps is None:
             raise ReplayError("CKPT and --steps A:B are required (or --compare DIR...)")
         out = replay(args.ckpt, parse_steps(args.steps), args.out, args.overrides)
+    except SystemExit as stopped:
+        signum = signal_of(stopped.code)
+        if signum is None:
+            raise
+        print(f"{PROG}: stopped by {signal.Signals(signum).name}; the replay is incomplete (summary.json says "
+              "preempted): replay again", file=sys.stderr)
+        return stopped.code
     except (ReplayError, ConfigError, OSError) as err:
         line = disk_error(err) if isinstance(err, OSError) and not isinstance(err, ReplayError) else None
         print(f"{PROG}: error: {line or ' '.join(str(err).split())}", file=sys.stderr)

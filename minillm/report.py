@@ -17,7 +17,6 @@ sensitivity = mean over the LR grid of [loss(lr) - min over the grid of loss(lr)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm import branch_report
+from minillm.errors import ArgumentParser
 from minillm.metrics import GRAD_NORM, MAX_ABS_H, TRAIN_LOSS, layer_metric
 from minillm.outcome import loss_for_comparison
 from minillm.runs import Run, RunsError, distinct_runs, group_runs, load_runs, unfinished
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from minillm import verdict_report
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="minillm-report", description=__doc__.split("\n")[0],
         epilog="minillm-report plan PLAN.yaml --sweep NAME records a comparison's rules before its sweep runs "
                "(docs/comparing.md).")
@@ -363,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "read (each named in a warning) instead of stopping at the first")
     args = parser.parse_args(argv)
     bad: list[str] | None = [] if args.skip_bad else None
+    for folder in args.sweep_dir:
+        if not folder.is_dir():
+            parser.error(f"{folder} {'is a file, not a folder' if folder.exists() else 'does not exist'}; allowed: a "
+                         "folder holding run folders (a sweep's, logs/<name>, a run's)")
     try:
         found = load_runs(args.sweep_dir, bad=bad)
     except FileNotFoundError as err:

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from minillm.errors import ArgumentParser
 from minillm.hub import load_checkpoint
 
 
@@ -47,7 +48,7 @@ def sample(ckpt: str, prompt: str, max_new_tokens: int = 200, temperature: float
 
 def main(argv: list[str] | None = None) -> int:
     """Console script minillm-sample; exit code 2 with one line on stderr for a bad checkpoint or prompt."""
-    parser = argparse.ArgumentParser(prog="minillm-sample", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="minillm-sample", description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", help="Lightning checkpoint written by minillm (.ckpt)")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     parser.add_argument("--max-new-tokens", type=_non_negative_int, default=200)

@@ -270,6 +270,51 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalIn(L.Callback):
+    """Sends `signum` to this process in a phase of the run outside the training steps: ``setup`` (when the callbacks
+    are built, while the run is set up), ``test`` (after the held-out test's first batch) or ``train_end`` (as
+    training ends, after the final sample). ``SignalAt`` covers the steps and validations, ``SignalingLogger`` the
+    final writes."""
+
+    def __init__(self, signum: int, phase: str):
+        self.signum, self.phase = signum, phase
+        if phase == "setup":
+            os.kill(os.getpid(), signum)
+
+    def on_test_batch_end(self, trainer, *args) -> None:
+        if self.phase == "test" and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.phase == "train_end" and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+
+class SignalingLogger(Logger):
+    """A logger that sends `signum` to this process when the run finishes its loggers: the final writes."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return "signaling"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def finish(self) -> None:
+        os.kill(os.getpid(), self.signum)
+
+
 class WaitForSignalAt(L.Callback):
     """After training step `step`, prints MARKER and waits (at most 60 s) for a signal sent from outside."""
 
@@ -390,3 +435,27 @@ class AttentionBlowUp(L.Callback):
             with torch.no_grad():
                 attn.wq.weight.mul_(self.factor)
                 attn.wk.weight.mul_(self.factor)
+
+
+def check_derived_files(run_dir: Path) -> dict:
+    """summary.json, csv/metrics.csv and the W&B run summary (its last segment's) agree on the run's final numbers:
+    the final and best val loss at their steps, the test loss, the step count. Returns the summary."""
+    import json as _json
+
+    run_dir = Path(run_dir)
+    summary = _json.loads((run_dir / "summary.json").read_text())
+    rows = read_rows(run_dir)
+    val, test, train = logged(rows, "val/loss"), logged(rows, "test/loss"), logged(rows, "train/loss")
+    assert max(train) == summary["steps"] - 1, (sorted(train)[-3:], summary["steps"])
+    if val:
+        assert (max(val), val[max(val)]) == (summary["steps"] - 1, summary["final_val_loss"]), (val, summary)
+        assert (summary["best_val_step"], summary["best_val_loss"]) == min(val.items(), key=lambda kv: kv[1])
+    else:
+        assert summary["final_val_loss"] is None and summary["best_val_loss"] is None
+    assert list(test.values()) == ([summary["test_loss"]] if summary.get("test_weights") else []), (test, summary)
+    segments = sorted((run_dir / "wandb").glob("offline-run-*"))
+    if segments:
+        shown = read_wandb_run(segments[-1])["summary"]
+        for key in ("status", "steps", "final_val_loss", "best_val_loss", "test_loss", "tokens"):
+            assert shown.get(key) == summary[key], (key, shown.get(key), summary[key])
+    return summary

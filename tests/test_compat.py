@@ -87,13 +87,17 @@ def test_checkpoint_layout_the_preemption_fixes_rely_on(tmp_path):
     t.fit(Tiny(), loader(), loader())
     t.save_checkpoint(tmp_path / "x.ckpt")
     ckpt = torch.load(tmp_path / "x.ckpt", weights_only=False)
-    before = ckpt["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]
-    _compat.store_one_logged_step_less(ckpt)
-    assert ckpt["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == before - 1
+    _compat.log_at_step(t, 7)
+    assert t.fit_loop.epoch_loop.on_save_checkpoint()["_batches_that_stepped"] == 7
     progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
     progress["total"]["ready"] += 1
     _compat.as_saved_at_the_end_of_the_step(ckpt)
     assert progress["total"]["ready"] == progress["total"]["started"]
+
+
+def test_hydras_command_line_parser_is_the_one_hydra_main_uses():
+    args = _compat.hydra_args_parser().parse_args(["-m", "seed=1,2", "--cfg", "job"])
+    assert args.multirun and args.overrides == ["seed=1,2"] and args.cfg == "job"
 
 
 def test_forked_worker_is_recognized_by_the_launcher():
@@ -154,3 +158,9 @@ def test_the_eager_stance_imports_no_compiler_unless_one_is_loaded():
             "with _compat.eager_stance(): pass\n"
             "assert 'torch._dynamo' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_lm_evals_command_line_parses_and_executes():
+    pytest.importorskip("lm_eval")
+    cli = _compat.lm_eval_cli()
+    assert callable(cli.parse_args) and callable(cli.execute)

@@ -86,3 +86,16 @@ def test_the_spike_ring_starts_at_the_first_step_of_a_fit_a_resumed_one_too(tmp_
     for step in (23, 24, 25, 26):
         capture.on_train_batch_start(SimpleNamespace(global_step=step), None, None, 0)
     assert snapped == [23, 25]
+
+
+def test_a_move_that_faded_before_the_spike_is_not_its_onset():
+    """Layer 0's gradient norm triples for two steps (12, 13) and comes back; layer 2's update ratio jumps at step
+    18 and stays; the spike is at 20. The early excursion is not part of the spike: the update ratio ranks first
+    (before, any crossing counted, so the gradient norm's noise, six steps early, came first)."""
+    wobble = [(s, v * (3.5 if s in (12, 13) else 1.0)) for s, v in noisy(21, 0.5, 11)]
+    series = {"layer/0/grad_norm": wobble, "layer/2/update_ratio": noisy(21, 1e-3, 12, jump_at=18, factor=40)}
+    entries = lead_lag(series, spike_step=20)
+    assert [(e["signal"], e["onset_step"]) for e in entries] == [("layer/2/update_ratio", 18),
+                                                                ("layer/0/grad_norm", None)]
+    kick = {"layer/1/update_ratio": [(s, 1e-3 * (100 if s == 19 else 1)) for s in range(21)]}  # one step, the one
+    assert lead_lag(kick, spike_step=20)[0]["onset_step"] == 19  # before the spike: a move into it

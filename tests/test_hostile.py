@@ -8,15 +8,17 @@ docs/reliability.md, never in a traceback or a lost run."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, read_rows
+from helpers import ROOT, logged, read_rows, write_corpus
 from processes import cli, cli_all, finish, ok, start, summaries
 
 from minillm.callbacks.common import Observer
+from minillm.run.show import HEADER
 
 TRAIN = str(ROOT / "train.py")
 SMALL = ["model=tiny", "data=files", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=2",
@@ -75,6 +77,10 @@ BAD_INPUT = [
     (["optimizer._target_=torch.optim.Muon"], "config error: optimizer._target_=torch.optim.Muon would be given every "
                                               "parameter, but Muon only takes the 2-D hidden matrices; allowed: "
                                               "optimizer=muon"),
+    # the components' own checks (data, callbacks, module), before the config tree is printed
+    (["data.seq_len=0"], "config error: data.seq_len=0 is invalid"),
+    (["callbacks.text_sample.max_new_tokens=-1"], "config error: callbacks.text_sample.max_new_tokens=-1 is invalid"),
+    (["module.z_loss=-1"], "config error: module.z_loss=-1 is invalid"),
 ]
 
 
@@ -87,6 +93,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(overrides, message, tmp
     out = finish(pid, log, overrides)
     assert out.returncode == 2, out.output[-3000:]
     assert message.format(tmp=tmp_path) in error_line(out.output)
+    assert HEADER not in out.output  # the error is never buried under the config tree: it is printed after the checks
     assert left_behind(cwd, log.name) == [] and not (tmp_path / "x").exists()  # no run folder, in logs/ or out
 
 
@@ -216,6 +223,52 @@ def test_two_runs_with_one_run_id_at_once_the_second_is_refused(tmp_path, shared
     steps = [int(r["step"]) for r in read_rows(folder) if r.get("train/loss")]
     assert steps == [9, 19, 29, 39]  # one run's rows (every 10 steps), once
     assert len(summaries(folder)) == 1 and not list((folder / ".hydra").glob("resumed-*"))
+    assert "is in use by another run" not in (folder / "train.log").read_text()  # the running run's log is its own
+
+
+def test_a_nan_model_reports_no_perfect_score(tmp_path, shared_cache, corpus):
+    """fp16 weights overflow at once: val/loss is NaN, and so is every metric derived from it (bpb was 0.0000, from a
+    sum that left the NaNs out), in metrics.csv, the console and the held-out pass."""
+    out = ok(cli(small(corpus, "trainer.precision=16-true", "logger=csv", "run_id=fp16"), tmp_path, shared_cache))
+    rows = read_rows(tmp_path / "logs" / "default" / "runs" / "fp16")
+    for stage in ("val", "test"):
+        values = [float(r[f"{stage}/{m}"]) for r in rows if r.get(f"{stage}/loss")
+                  for m in ("loss", "ppl", "bpb", "bpc")]
+        assert values and not any(math.isfinite(v) for v in values), (stage, values)
+    assert "bpb 0.0000" not in out and "bpb=0.0000" not in out and "test/bpb=nan" in out
+
+
+def test_debug_overfit_is_a_completed_run_whose_val_loss_falls(tmp_path, shared_cache, corpus):
+    """debug=overfit trains on one batch and validates on it: the memorized batch's loss falls with the train loss,
+    so the run completes (it read as diverged: the held-out loss rises as the model memorizes)."""
+    ok(cli(small(corpus, "debug=overfit", "trainer.max_steps=60", "trainer.val_check_interval=30", "optimizer.lr=1e-2",
+                 "logger=csv", "run_id=ov"), tmp_path, shared_cache))
+    (summary,) = summaries(tmp_path / "logs" / "default" / "runs" / "ov")
+    vals = logged(read_rows(tmp_path / "logs" / "default" / "runs" / "ov"), "val/loss")
+    assert summary["status"] == "completed" and not summary["diverged"] and vals[59] < 0.5 * vals[29], vals
+
+
+def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, shared_cache, corpus):
+    """Ctrl-C in job 0 of a two-job sweep stops the sweep; the printed command (the same -m command plus run_id and
+    ckpt_path=auto) continues job 0 in its folder and runs job 1, in the same sweep folder; run again, it does
+    nothing, and the sweep's closing line counts its jobs."""
+    args = small(corpus, "trainer.max_steps=4", "logger=csv", "test=false", "name=sw",
+                 "+callbacks.signal._target_=helpers.SignalAt", "+callbacks.signal.signum=2",
+                 "+callbacks.signal.step=1,99")  # job 0 gets Ctrl-C after step 1, job 1 never
+    sweep = [args[0], "-m", *args[1:]]
+    stopped = cli(sweep, tmp_path, shared_cache)
+    assert stopped.returncode == 130 and "Traceback" not in stopped.output, stopped.output[-3000:]
+    extra = re.search(r"resume this sweep with the same command plus (run_id=\S+ ckpt_path=auto)", stopped.output)
+    (folder,) = (tmp_path / "logs" / "sw" / "multiruns").iterdir()
+    assert extra is not None and f"run_id={folder.name}" in extra.group(1), stopped.output[-2000:]
+    resumed = ok(cli([*sweep, *extra.group(1).split()], tmp_path, shared_cache))
+    assert [p.name for p in (tmp_path / "logs" / "sw" / "multiruns").iterdir()] == [folder.name]  # no new sweep
+    jobs = summaries(folder)
+    assert len(jobs) == 2 and {s["status"] for s in jobs} <= {"completed", "not_trained"}
+    assert all(s["steps"] == 4 for s in jobs) and "sweep ended, 2 jobs: " in resumed
+    assert f"python -m minillm.report {folder.relative_to(tmp_path)}" in resumed.strip().splitlines()[-1]
+    again = ok(cli([*sweep, *extra.group(1).split()], tmp_path, shared_cache))
+    assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 2
 
 
 def test_a_token_store_changed_on_disk_is_one_error_naming_the_folder(tmp_path, corpus):
@@ -267,6 +320,17 @@ def test_a_read_only_log_folder_is_one_line(tmp_path, shared_cache, corpus, tmpf
     assert "Read-only file system" in out.output
 
 
+def test_a_full_cache_is_one_line_naming_data_cache_dir_not_the_input(tmp_path, tmpfs):
+    """The token store does not fit the cache's disk: the line names data.cache_dir (it blamed the input text)."""
+    cache = tmpfs(size="300k")
+    book = write_corpus(tmp_path / "book.txt", n_chars=400_000)
+    out = cli(small(book, f"data.cache_dir={cache}"), tmp_path, tmp_path / "unused")
+    assert out.returncode == 2
+    line = error_line(out.output)
+    assert f"data error: data.cache_dir='{cache}' cannot hold the token store" in line and "No space left" in line
+    assert not any(cache.iterdir())  # the half-built store is gone
+
+
 def test_a_read_only_cache_is_one_line_naming_data_cache_dir(tmp_path, corpus, tmpfs):
     cache = tmpfs(read_only=True)
     out = cli(small(corpus, f"data.cache_dir={cache}"), tmp_path, tmp_path / "unused")
@@ -282,7 +346,8 @@ def test_a_full_disk_ends_the_run_in_one_line_with_nothing_half_written(tmp_path
     logs = tmpfs(size="160k")
     out = cli(small(corpus, f"paths.log_dir={logs}", "logger=csv"), tmp_path, shared_cache)
     assert out.returncode == 2
-    assert "disk error: cannot write" in error_line(out.output) and "No space left on device" in out.output
+    line = error_line(out.output)  # the one line: no "Error executing job" of Hydra's before it
+    assert f"disk error: cannot write {logs}/" in line and "No space left on device" in line, line
     files = [p for p in logs.rglob("*") if p.is_file()]
     assert not [p for p in files if ".tmp" in p.name], files
     for summary in logs.rglob("summary.json"):

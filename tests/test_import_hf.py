@@ -79,7 +79,8 @@ def test_what_minillm_cannot_express_is_refused_in_one_line(tmp_path, capsys):
     capsys.readouterr()  # transformers' progress bar
     assert import_main([str(tmp_path / "hf"), str(tmp_path / "m.ckpt")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("minillm-import: error: cannot import ['LlamaForCausalLM']: ")
+    assert err.count("\n") == 1 and err.startswith(f"minillm-import: error: cannot import {str(tmp_path / 'hf')!r} "
+                                                    "(['LlamaForCausalLM']): ")
     assert "(minillm's RoPE has no scaling)" in err and "mlp_bias=true" in err and not (tmp_path / "m.ckpt").exists()
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "gpt2").mkdir()
@@ -87,4 +88,7 @@ def test_what_minillm_cannot_express_is_refused_in_one_line(tmp_path, capsys):
     assert import_main([str(tmp_path / "gpt2"), str(tmp_path / "m.ckpt")]) == 2
     assert "model_type='gpt2' (minillm imports llama, mistral, qwen2)" in capsys.readouterr().err
     assert import_main([str(tmp_path / "none"), str(tmp_path / "m.ckpt")]) == 2
+    assert "does not exist; allowed: a Hugging Face model folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert import_main([str(tmp_path / "empty"), str(tmp_path / "m.ckpt")]) == 2
     assert "is not a Hugging Face model folder (no config.json)" in capsys.readouterr().err

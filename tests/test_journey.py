@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CONFIGS, ROOT, write_corpus
+from helpers import CONFIGS, ROOT, check_derived_files, write_corpus
 from processes import Result, cli, cli_all, environ, ok, summaries
 
 # What the README says the test appends to each `python train.py` line (README.md, "Using it").
@@ -103,9 +103,9 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     (summary,) = summaries(first)  # resumed in its own folder: still one run
     assert summary["status"] != "preempted" and summary["steps"] == 2 and summary["test_loss"] is not None
     assert summary["test_weights"] == "final"  # the evaluation of best.ckpt did not rewrite the training's record
-    assert len(list((first / ".hydra").glob("resumed-*"))) == 1  # the first command's files are kept
-    wandb_runs = list((first / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 2 and len({p.name.rsplit("-", 1)[-1] for p in wandb_runs}) == 1  # one W&B run id
+    (resume_log,) = [log for command, log in logs.items() if "run_id=first ckpt_path=auto" in command]
+    assert "ckpt_path=auto: this run has ended, nothing to resume" in resume_log  # it trained its 2 steps: ended
+    assert not list((first / ".hydra").glob("resumed-*")) and len(list((first / "wandb").glob("offline-run-*"))) == 1
     (evaluation,) = (first / "evaluations").glob("*/evaluation.json")  # train=false: its own folder, beside
     assert json.loads(evaluation.read_text())["test_weights"].endswith("best.ckpt")
     # the ecosystem lines: Muon, TensorBoard, a decay branch and its report, evaluation, export, import, inspection
@@ -186,12 +186,14 @@ def test_ddp_cpu_run_with_default_callbacks_and_loggers(tmp_path, shared_cache, 
             "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4", "data.val_windows=8",
             "callbacks.text_sample.max_new_tokens=8", "name=ddp"], tmp_path, shared_cache))
     (run,) = (tmp_path / "logs" / "ddp" / "runs").iterdir()
-    (summary,) = summaries(run)
+    summary = check_derived_files(run)  # summary.json, metrics.csv and the W&B summary agree
     assert summary["status"] == "completed" and summary["steps"] == 30 and summary["test_loss"] is not None
     assert summary["tokens"] == 30 * 4 * 32 * 2  # both processes' batches
     rows = (run / "csv" / "metrics.csv").read_text()
     assert rows.count("\n") > 10 and "test/loss" in rows.splitlines()[0]
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert list((run / "wandb").rglob("samples_*.table.json"))  # the forked processes' W&B media, in the run folder
+    assert not (tmp_path / "wandb").exists()  # not under the working directory
 
 
 # --- the experiment presets' sweeps ----------------------------------------------------------------------------

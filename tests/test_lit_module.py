@@ -92,6 +92,22 @@ def test_eval_loss_is_the_mean_over_tokens_and_ppl_its_exp(tmp_path, corpus):
 
 
 
+def test_a_nan_loss_in_one_window_makes_every_eval_metric_nan(tmp_path, corpus):
+    """torchmetrics leaves NaNs out of its means and sums: the pass's loss was the other windows' mean, and its bpb
+    finite. A pass that met a NaN reports NaN for loss, ppl, bpc and bpb."""
+    cfg = compose_cfg(tmp_path, corpus, "data.val_windows=13", "data.batch_size=5")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = instantiate(cfg.module, _partial_=True)(model=model_config(cfg, dm.vocab_size))
+    forward = module.model.forward
+    module.model.forward = lambda idx: forward(idx).index_put((torch.tensor([0]),), torch.tensor(math.nan))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False)
+    out = trainer.validate(module, datamodule=dm, verbose=False)[0]  # each batch's first window is NaN
+    assert {k for k, v in out.items() if math.isnan(v)} == {"val/loss", "val/ppl", "val/bpc", "val/bpb"}, out
+
+
 def test_per_window_losses_are_saved_in_order_and_average_to_the_loss(tmp_path, corpus):
     """eval_windows_dir: val_windows.npy holds each evaluated window's mean loss in the windows' order (their mean
     is val/loss), test_windows.npy the test pass's; nothing is written during the sanity check or without it."""

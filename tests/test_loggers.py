@@ -210,10 +210,10 @@ def test_each_logger_in_one_process_gets_its_own_run(tmp_path, monkeypatch):
 
 def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
     """tag -> values of every scalar in the event files under folder (TFRecord framing: length, its CRC, the
-    Event protobuf, its CRC), read with tensorboardX's protobuf classes."""
+    Event protobuf, its CRC), read with tensorboard's protobuf classes."""
     import struct
 
-    from tensorboardX.proto.event_pb2 import Event
+    from tensorboard.compat.proto.event_pb2 import Event
 
     scalars: dict[str, list[float]] = {}
     for path in sorted(folder.rglob("events.out.tfevents.*")):
@@ -245,6 +245,13 @@ def test_logger_tensorboard_writes_event_files_beside_the_csv_log(tmp_path, shar
     assert HEADER in (run / "train.log").read_text()
     quiet = ok(cli([*args[:-1], "run_id=quiet", "print_config=false", "logger=csv"], tmp_path, shared_cache))
     assert HEADER not in quiet
+    import subprocess
+    import sys
+
+    viewer = Path(sys.executable).parent / "tensorboard"  # README: tensorboard --logdir logs (the extra installs it)
+    shown = subprocess.run([str(viewer), "--inspect", "--logdir", str(tmp_path / "logs")], capture_output=True,
+                           text=True, timeout=300)
+    assert shown.returncode == 0 and "train/loss" in shown.stdout + shown.stderr, shown.stderr[-2000:]
 
 
 def test_logger_tensorboard_without_tensorboardx_says_what_to_install(tmp_path, shared_cache, corpus):
@@ -259,7 +266,7 @@ def test_logger_tensorboard_without_tensorboardx_says_what_to_install(tmp_path, 
     out = cli(args, tmp_path, shared_cache, setup=hide)
     lines = [line for line in out.output.splitlines() if "error: " in line]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.output, out.output[-3000:]
-    assert lines[0].endswith("config error: logger=tensorboard needs tensorboardX or tensorboard: pip install "
-                             "tensorboardX (or pip install 'minillm[tensorboard]'); allowed without it: logger=wandb, "
-                             "logger=csv, logger=none")
+    assert lines[0].endswith("config error: logger=tensorboard needs tensorboard (or tensorboardX): pip install "
+                             "'minillm[tensorboard]' (or pip install tensorboard, which also has the viewer); allowed "
+                             "without it: logger=wandb, logger=csv, logger=none")
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("summary.json"))

@@ -6,6 +6,7 @@ first; a counterfactual replay on the same batches changes the norm."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,31 @@ def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes
     ok(cli(["-m", "minillm.replay", "--compare", str(run / "replays"), str(tmp_path / "ln"), "--out",
             str(tmp_path / "both.png")], tmp_path, shared_cache))
     assert (tmp_path / "both.png").stat().st_size > 10_000
+
+
+def test_a_replay_is_bit_identical_from_every_kind_of_checkpoint(tmp_path, shared_cache, corpus):
+    """The checkpoints a user has: last.ckpt and best.ckpt written at the end of a fit (a 6-step run, later continued
+    to 12 steps), a step-N checkpoint and a preempted.ckpt. Replayed, each gives the original's losses step by step
+    (from a checkpoint written at the end of a fit, each loss was logged one step early: not identical)."""
+    common = ["trainer.val_check_interval=6", "scheduler.total_steps=12",
+              "callbacks.step_checkpoints.every_n_train_steps=3"]
+    run = train(tmp_path, shared_cache, corpus, "r", *common, "trainer.max_steps=6")
+    for name in ("last", "best"):  # what the 6-step run left at its end
+        shutil.copy(run / "checkpoints" / f"{name}.ckpt", run / "checkpoints" / f"end6-{name}.ckpt")
+    stop = ["+callbacks.signal._target_=helpers.SignalAt", "+callbacks.signal.signum=15", "+callbacks.signal.step=9"]
+    out = cli([TRAIN, *SMALL, f"data.files=[{corpus}]", "run_id=r", *common, "trainer.max_steps=12", "ckpt_path=auto",
+               *stop], tmp_path, shared_cache)
+    assert out.returncode == 143, out.output[-3000:]
+    train(tmp_path, shared_cache, corpus, "r", *common, "trainer.max_steps=12", "ckpt_path=auto")
+    original = losses(run)
+    assert sorted(original) == list(range(12))
+    for ckpt, steps in (("end6-last", "6:12"), ("end6-best", "6:12"), ("step-6", "6:12"), ("preempted", "9:12")):
+        out = replay(tmp_path, shared_cache, str(run / "checkpoints" / f"{ckpt}.ckpt"), "--steps", steps, "--out",
+                     str(run / "replays" / ckpt))
+        first = int(steps.split(":")[0])
+        record = json.loads((run / "replays" / ckpt / "summary.json").read_text())["replay"]
+        assert record["identical_to_original"] is True and record["compared_steps"] == 12 - first, (ckpt, out[-2000:])
+        assert losses(run / "replays" / ckpt) == {s: original[s] for s in range(first, 12)}, ckpt
 
 
 def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_planted_layer_first(tmp_path,
@@ -209,3 +235,22 @@ def test_an_override_that_adds_or_deletes_is_refused(override):
 
     with pytest.raises(ReplayError, match="cannot be replayed"):
         parse_overrides([override])
+
+
+@pytest.mark.slow  # tokenizes Shakespeare, 60 steps with every probe on every step
+def test_the_forensics_pages_planted_spike_gives_the_answer_it_quotes(tmp_path, shared_cache):
+    """docs/forensics.md's first command, with the overrides it gives for its figures (Shakespeare, the tiny model, the
+    planted jump of layer 1's update at step 40): the log line and the report's first row are the page's. (Layer 0's
+    gradient norm wanders past z = 5 at step 33 and back; counted as an onset, it came first.)"""
+    import re
+
+    page = (ROOT / "docs" / "forensics.md").read_text()
+    command = re.search(r"^python train\.py (name=demo [^#\n]*)", page, re.M).group(1).split()
+    figures = re.search(r"on the tiny model\s*\(`([^`]*)`\)", page).group(1).split()
+    planted = re.search(r"\(`(\+callbacks\.jump\.[^`]*)`", page).group(1).split()
+    out = ok(cli([TRAIN, *command, *figures, *planted], tmp_path, shared_cache))
+    quoted = re.search(r"first to move: (\S+: at step \d+, \d+ steps? before the spike)", page).group(1)
+    assert f"first to move: {quoted}" in out, out[-3000:]
+    row = re.search(r"^\| 1 \| (`\S+`) \| (\S+) \| (\d+) \| (\d+) \|", page, re.M).groups()
+    report = (tmp_path / "logs" / "demo" / "runs" / "spiky" / "spikes" / "step_41.md").read_text()
+    assert re.search(r"^\| 1 \| " + r" \| ".join(map(re.escape, row)) + r" \|", report, re.M), report

@@ -147,7 +147,7 @@ def test_cli_writes_the_report(sweep, tmp_path):
     assert (tmp_path / "r" / "report.md").exists() and (tmp_path / "r" / "lr_sensitivity.png").exists()
     missing = subprocess.run([sys.executable, "-m", "minillm.report", str(tmp_path / "empty")],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert missing.returncode != 0 and "no summary.json" in missing.stderr
+    assert missing.returncode == 2 and "empty does not exist; allowed: a folder holding run folders" in missing.stderr
 
 
 @pytest.mark.parametrize("sweep_file", ["wandb_sweep.yaml", "wandb_sweep_bayes.yaml"])

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from minillm import _compat
 from minillm.errors import check_bool
+from minillm.run.signals import signal_of
 
 log = logging.getLogger("minillm")
 
@@ -30,7 +31,9 @@ class PreemptionCheckpoint(L.Callback):
     the exit status to 128 + signal. For SIGUSR2, the handler that was installed before (submitit's, which
     requeues the job) runs after the save. A second Ctrl-C aborts at once, saving nothing; a process started
     with SIGINT ignored keeps ignoring it. Other exceptions save nothing (a step cut short is not a consistent
-    state). The file is never removed automatically.
+    state). The file is never removed automatically. Outside the steps (Lightning's set-up, the final sample, the
+    held-out test) train.py's handlers stop the run at once (minillm.run.signals); the stop is saved here too, while
+    the module holds the trained weights (not in a test of best.ckpt). train.py's closing line says how to resume.
     (Not Lightning's OnExceptionCheckpoint: with one of those, ``fit(ckpt_path=None)`` silently resumes from
     the newest checkpoint in its directory.)
     """
@@ -143,26 +146,31 @@ class PreemptionCheckpoint(L.Callback):
         self._restore()
         if not isinstance(exception, SIGTERMException):
             return
-        self._saving = True
-        try:
-            trainer.save_checkpoint(self.ckpt_path)
-        finally:
-            self._saving = False
-        signum = self.signum or signal.SIGTERM
-        if trainer.is_global_zero:
-            log.warning(f"{signal.Signals(signum).name}: stopped at step {trainer.global_step} and saved "
-                        f"{self.ckpt_path}; resume this run with the same command plus ckpt_path={self.ckpt_path} "
-                        "(it continues in its own folder; with run_id=<this folder's name> in the command, "
-                        "ckpt_path=auto does the same)")
+        signum = signal_of(exception.code) or self.signum or signal.SIGTERM  # a stop outside the steps has its own
+        if self._holds_trained_weights(trainer):
+            self._saving = True
+            try:
+                trainer.save_checkpoint(self.ckpt_path)
+            finally:
+                self._saving = False
+            if trainer.is_global_zero:
+                log.warning(f"{signal.Signals(signum).name}: stopped at step {trainer.global_step} and saved "
+                            f"{self.ckpt_path}")
         exception.code = 128 + int(signum)  # the exit status of a process ended by this signal
         handler = previous.get(signum)
         if signum == signal.SIGUSR2 and callable(handler):
             handler(signum, None)  # e.g. submitit: requeue the job, then exit
+
+    @staticmethod
+    def _holds_trained_weights(trainer: L.Trainer) -> bool:
+        """The module holds the run's trained state: in the fit, or in the held-out test of the final weights (not a
+        test of best.ckpt or of an evaluated checkpoint, which loaded other weights)."""
+        fn = trainer.state.fn
+        final_weights_tested = fn == TrainerFn.TESTING and not trainer.ckpt_path and trainer.global_step > 0
+        return fn == TrainerFn.FITTING or final_weights_tested
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if not self._saving:
             return
         if self._save_point == "next step":
             _compat.as_saved_at_the_end_of_the_step(checkpoint)
-        elif self._save_point == "step end" and self._validated_at == trainer.global_step:
-            _compat.store_one_logged_step_less(checkpoint)  # a step that validated: its count is complete

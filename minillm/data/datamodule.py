@@ -271,6 +271,11 @@ class TextDataModule(L.LightningDataModule):
         return self._loader(FixedWindows(windows.tokens, windows.seq_len, share), shuffle=False)
 
     def val_dataloader(self) -> DataLoader:
+        """The validation windows; when the trainer overfits (trainer.overfit_batches, debug=overfit), the train
+        stream's first batches, the ones it trains on: its val loss is the memorized batch's, which must fall (the
+        held-out windows' loss rises as the model memorizes, and the run would read as diverged)."""
+        if getattr(getattr(self, "trainer", None), "overfit_batches", 0):
+            return self._loader(self.train_set, shuffle=False)
         return self._eval_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:

@@ -58,7 +58,7 @@ from minillm.data.tokenizer import (
     tokenizer_from_state,
     train_bpe,
 )
-from minillm.errors import DataError
+from minillm.errors import SPACE_ERRORS, DataError, disk_oserror
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +238,13 @@ def build_store(spec: StoreSpec, path: Path) -> None:
             if not is_complete(path):  # not a build's (those rename a complete folder): edited by hand
                 raise DataError(f"token cache {str(path)!r} is incomplete (no meta.json); delete that folder and "
                                 "run again (it is rebuilt from the corpus)") from None
+    except Exception as err:
+        full = disk_oserror(err, SPACE_ERRORS)
+        if full is None:
+            raise
+        raise DataError(f"data.cache_dir={str(path.parent)!r} cannot hold the token store {path.name} "
+                        f"({os.strerror(full.errno)}); free space there, or set data.cache_dir (or MINILLM_CACHE) to a "
+                        "folder with room") from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

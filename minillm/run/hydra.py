@@ -25,7 +25,7 @@ from hydra.errors import (
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
 
-from minillm.errors import ConfigError, disk_error
+from minillm.errors import ConfigError, causes, disk_error
 from minillm.run import resolvers
 
 
@@ -66,11 +66,7 @@ def _suggest(word: str, options: list[str]) -> str:
 
 def _config_error(err: BaseException) -> ConfigError | None:
     """The ConfigError that caused err (a resolver or a component refused a value), if any."""
-    while err is not None:
-        if isinstance(err, ConfigError):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
+    return next((e for e in causes(err) if isinstance(e, ConfigError)), None)
 
 
 def one_line(err: BaseException) -> str | None:

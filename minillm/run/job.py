@@ -5,8 +5,6 @@ then ``run`` (fit, then test on the held-out split). ``minillm.train`` runs them
 from __future__ import annotations
 
 import logging
-import math
-import signal
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +19,7 @@ from minillm.run import build, checks, resume
 from minillm.run.hydra import config_errors
 from minillm.run.naming import group_sweeps
 from minillm.run.show import show_config
+from minillm.run.signals import STOP_CODES, StopSignals
 from minillm.version import provenance
 
 log = logging.getLogger("minillm")
@@ -28,7 +27,6 @@ log = logging.getLogger("minillm")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda r: not any(s in r.getMessage() for s in ("litlogger", "litmodels")))
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning vs torch 2.13
-STOP_CODES = {128 + s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}  # see PreemptionCheckpoint
 
 
 @dataclass
@@ -54,7 +52,6 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
         if start is None:
             start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named
         group_sweeps(cfg)
-        show_config(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = instantiate(cfg.data)
         callbacks = build.instantiate_group(cfg, "callbacks")
@@ -66,6 +63,8 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
         start.check_model(model_cfg.to_dict())
         loggers = build.instantiate_group(cfg, "logger")
         trainer = build.build_trainer(cfg, callbacks, loggers)
+        if start.branch:  # a new run: the parent's record of itself stays the parent's
+            trainer.strategy.checkpoint_io = resume.TransformedCheckpointIO(resume.as_new_run)
         settings = resume.run_settings(cfg, trainer.world_size)
         if cfg.get("train", True):
             start.check_settings(settings)
@@ -73,12 +72,16 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
                 if hasattr(logger, "resume_at"):
                     logger.resume_at(start.step)
         module = build.build_module(cfg, model_cfg, settings)
+    show_config(cfg)  # once every check has passed: an error is never printed after the tree
     return Job(cfg, trainer, module, datamodule, start)
 
 
-def run(job: Job) -> dict[str, float]:
-    """Fit, then test on the held-out split; the loggers are finished however it ends."""
+def run(job: Job, signals: StopSignals | None = None) -> dict[str, float]:
+    """Fit, then test on the held-out split; the loggers are finished however it ends. ``signals`` (train.py's) is
+    told the phase (minillm.run.signals: a stop signal in the fit or the test is recorded by Lightning's exception
+    hooks, one during the final writes waits for them)."""
     cfg, trainer, module, datamodule, ckpt_path = job.cfg, job.trainer, job.module, job.datamodule, job.resume.ckpt_path
+    signals = signals or StopSignals()
     n_params = module.model.num_params()
     log.info(f"model: {n_params / 1e6:.2f}M parameters, norm={module.model.cfg.norm}, "
              f"placement={module.model.cfg.placement}; run directory {cfg.paths.output_dir}")
@@ -86,10 +89,13 @@ def run(job: Job) -> dict[str, float]:
         logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "n_params": n_params, **provenance()})
     try:
         if cfg.get("train", True):
+            signals.phase = "fit"
             fit(trainer, module, datamodule, ckpt_path)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("test", False):
+            signals.phase = "test"
             metrics.update(test(cfg, trainer, module, datamodule, ckpt_path))
+        signals.phase = "final writes"
         return metrics
     finally:
         for logger in trainer.loggers:  # the W&B run ends with its summary written (also for the next sweep job)
@@ -125,6 +131,6 @@ def test(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamod
         weights, source = None, "the final weights"
     trainer.test(module, datamodule=datamodule, ckpt_path=weights, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(eval_metric("test", ""))}
-    shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if math.isfinite(v))
+    shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
     log.info(f"held-out, {source}: {shown}")
     return metrics

@@ -2,7 +2,7 @@
 settings may differ from the checkpoint's only where the replay's overrides say, and the checkpoint as that run loads
 it (``carry_over``): the weights and optimizer state carried over by parameter name where they apply, a parameter
 the checkpoint lacks at its init, the lr scaled, and the states of the callbacks that describe the original run
-(RunSummary, RunTotals) left out, so the replay's summary covers the replay.
+(RunSummary, RunTotals) left out (resume.as_new_run), so the replay's summary covers the replay.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from minillm.checkpointing import AtomicCheckpointIO, config_diff, flatten, model_config_diff
+from minillm.checkpointing import config_diff, flatten, model_config_diff
 from minillm.errors import CheckpointError
 from minillm.model import ModelConfig, Transformer
 from minillm.optim import param_groups, schedule_settings
-from minillm.run.resume import Resume
+from minillm.run.resume import Resume, as_new_run
 
 # the replay overrides: what each may change in the model config, and in the run settings (checkpointed)
 MODEL_OVERRIDES = {"norm": ("norm", "norm_eps", "norm_options", "attn_norm_options"), "placement": ("placement",),
@@ -26,7 +26,6 @@ MODEL_OVERRIDES = {"norm": ("norm", "norm_eps", "norm_options", "attn_norm_optio
 SETTING_OVERRIDES = {"trainer.precision": "trainer.precision", "optimizer.lr": "optimizer.lr",
                      "trainer.gradient_clip_val": "trainer.gradient_clip_val", "module.z_loss": "module.z_loss"}
 OVERRIDES = (*MODEL_OVERRIDES, *SETTING_OVERRIDES)
-DESCRIBES_THE_RUN = ("RunSummary", "RunTotals")  # callback states a replay starts afresh
 
 
 @dataclass
@@ -95,8 +94,7 @@ def carry_over(ckpt: dict[str, Any], module: torch.nn.Module, keep_callbacks: Co
             for key in ("base_lrs", "_last_lr"):
                 if key in sched:
                     sched[key] = [v * lr_factor for v in sched[key]]
-    ckpt["callbacks"] = {k: v for k, v in (ckpt.get("callbacks") or {}).items()
-                         if k in keep_callbacks and k not in DESCRIBES_THE_RUN}
+    ckpt["callbacks"] = {k: v for k, v in as_new_run(ckpt).get("callbacks", {}).items() if k in keep_callbacks}
     ckpt.setdefault("hyper_parameters", {})["model"] = dict(module.hparams["model"])
     return {"carried": len(carried), "initialized": [k.removeprefix("model.") for k in initialized],
             "dropped": [k.removeprefix("model.") for k in dropped]}
@@ -131,15 +129,3 @@ def _remap_optimizer(state: dict, hparams: dict, saved_model: dict, module: torc
             index += 1
         groups.append({**saved_group, "params": ids})
     return {"state": out_state, "param_groups": groups}
-
-
-class ReplayCheckpointIO(AtomicCheckpointIO):
-    """The checkpoint IO of a replay's trainer: a load passes the checkpoint through ``transform`` (carry_over)."""
-
-    def __init__(self, transform):
-        super().__init__()
-        self.transform = transform
-
-    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
-                        weights_only: bool | None = None) -> dict[str, Any]:
-        return self.transform(super().load_checkpoint(path, map_location=map_location, weights_only=weights_only))

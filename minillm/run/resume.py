@@ -6,18 +6,26 @@ training settings. Also what ``train=false`` (evaluate a checkpoint) changes in 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from minillm.checkpointing import check_model_config, check_settings, find_resume_checkpoint, read_checkpoint_header
+from minillm.checkpointing import (
+    AtomicCheckpointIO,
+    check_model_config,
+    check_settings,
+    find_resume_checkpoint,
+    read_checkpoint_header,
+)
 from minillm.errors import ConfigError
 from minillm.optim import decay_start, schedule_settings, stable_phase_settings
 
 log = logging.getLogger("minillm")
 EVALUATION_FILE = "evaluation.json"  # what RunSummary writes for train=false (summary.json is a training's record)
+DESCRIBES_THE_RUN = ("RunSummary", "RunTotals")  # callbacks whose state is their run's record of itself
 
 
 @dataclass
@@ -176,3 +184,24 @@ def run_settings(cfg: DictConfig, world_size: int) -> dict[str, Any]:
             "module": module, "data": data, "world_size": world_size,
             "trainer": {k: trainer.get(k) for k in ("precision", "gradient_clip_val", "gradient_clip_algorithm",
                                                     "accumulate_grad_batches")}}
+
+
+def as_new_run(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint that a new run starts from (a decay branch, a replay), changed in place: without the states of
+    the callbacks that record their run (DESCRIBES_THE_RUN), so the new run's summary covers its own steps (its
+    validations, maxima, times and start), not its parent's."""
+    ckpt["callbacks"] = {k: v for k, v in (ckpt.get("callbacks") or {}).items() if k not in DESCRIBES_THE_RUN}
+    return ckpt
+
+
+class TransformedCheckpointIO(AtomicCheckpointIO):
+    """The checkpoint IO of a run that starts from another's checkpoint: a load passes it through ``transform``
+    (as_new_run, or a replay's carry_over)."""
+
+    def __init__(self, transform: Callable[[dict[str, Any]], dict[str, Any]]):
+        super().__init__()
+        self.transform = transform
+
+    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        return self.transform(super().load_checkpoint(path, map_location=map_location, weights_only=weights_only))

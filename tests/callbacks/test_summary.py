@@ -52,7 +52,7 @@ def test_the_steady_window_starts_at_half_of_max_steps_and_leaves_out_a_resumed_
 
     first = RunSummary()
     now[0] = 100.0
-    first.on_train_start(None, None)
+    first.on_train_start(SimpleNamespace(global_step=0), None)
     run(first, [(1, 130.0), (2, 131.0), (3, 132.0), (4, 133.0), (5, 134.0), (6, 136.0)])  # step 1: a compile
     assert first.steady(6) == (2, 3.0)  # from step 4 (half of 8) at 33 s to step 6 at 36 s
     state = first.state_dict()  # a checkpoint at step 6
@@ -61,8 +61,9 @@ def test_the_steady_window_starts_at_half_of_max_steps_and_leaves_out_a_resumed_
     resumed = RunSummary()
     resumed.load_state_dict(state)
     now[0] = 200.0
-    resumed.on_train_start(None, None)
+    resumed.on_train_start(SimpleNamespace(global_step=6), None)
     run(resumed, [(7, 220.0), (8, 221.5)])  # step 7: the recompile
     assert resumed.steady(8) == (3, 4.5)  # 2 steps in 3 s, then step 8 in 1.5 s
+    assert state["trained_steps"] == 6 and resumed.trained_steps(8) == 8  # the steps tokens/s counts
     resumed.load_state_dict({"val_history": [], "batch_shape": None, "train_time": 1.0, "wall_time": 1.0})
     assert resumed.steady(8) == (0, 0.0)  # a checkpoint written before the field: nothing carried over

@@ -29,7 +29,7 @@ def test_decay_branches_are_new_runs_with_the_losses_of_the_wsd_run_of_their_bud
     ok(cli([*base, "run_id=fresh", "trainer.max_steps=10", "trainer.val_check_interval=5", "test=false"], tmp_path,
            shared_cache))
     ckpt = runs / "stable" / "checkpoints" / "step-8.ckpt"
-    out = ok(cli([*base, f"decay_from={ckpt}", "run_id=b8", "trainer.val_check_interval=5"], tmp_path, shared_cache))
+    out = ok(cli([*base, f"decay_from={ckpt}", "run_id=b8", "trainer.val_check_interval=4"], tmp_path, shared_cache))
     assert f"decay branch of {runs / 'stable'} from step 8: sqrt decay over 2 steps to step 10" in out
     fresh, branch = logged(read_rows(runs / "fresh"), "train/loss"), logged(read_rows(runs / "b8"), "train/loss")
     assert sorted(branch) == [8, 9] and branch == {s: fresh[s] for s in (8, 9)}  # bit-exact, in its own folder
@@ -38,6 +38,10 @@ def test_decay_branches_are_new_runs_with_the_losses_of_the_wsd_run_of_their_bud
     assert lrs == {s: fresh_lrs[s] for s in (8, 9)} and lrs[9] < lrs[8] == pytest.approx(3e-3)
     (summary,) = summaries(runs / "b8")
     assert summary["parent"] == {"run_dir": str(runs / "stable"), "checkpoint": str(ckpt), "step": 8}
+    vals = logged(read_rows(runs / "b8"), "val/loss")  # validated at its end (step 10 is off the grid of 4)
+    assert sorted(vals) == [9] and summary["final_val_loss"] == summary["best_val_loss"] == vals[9]
+    parent = json.loads((runs / "stable" / "summary.json").read_text())
+    assert summary["best_val_step"] == 9 and summary["started_at"] != parent["started_at"]  # its own record
     assert summary["steps"] == summary["max_steps"] == 10 and summary["test_loss"] is not None
     ids = [{p.name.rsplit("-", 1)[-1] for p in (runs / r / "wandb").glob("offline-run-*")} for r in ("stable", "b8")]
     assert ids[0].isdisjoint(ids[1])  # a W&B run of its own
