@@ -20,10 +20,8 @@ import argparse
 import gc
 import os
 import re
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from experiments.benchmarks.kernels import report as R
@@ -33,6 +31,18 @@ from experiments.benchmarks.kernels.providers import (
     liger_status,
     make_add_providers,
     make_providers,
+)
+from experiments.benchmarks.kernels.record import run_record
+from experiments.benchmarks.kernels.timing import (
+    add_bwd_bytes,
+    add_fwd_bytes,
+    bench_ms,
+    bf16_order,
+    bwd_bytes,
+    copy_gbps,
+    fwd_bytes,
+    graph_ms,
+    with_repeat,
 )
 
 ROWS = (16384, 65536, 4096)  # the shapes the targets judge (M >= 16K) first: a time limit loses the rest
@@ -53,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "add + norm providers fused_add add+fused add+eager torch.compile liger_fused_add")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--repeats", type=int, default=3, help="timings of every provider at a shape, interleaved "
+                   "(repeat 1 of each provider, then repeat 2, ...); rows keep each, ratios give their spread")
     p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
     p.add_argument("--train-batch", type=int, default=8, help="sequences of 1024 tokens per train step")
     p.add_argument("--train-steps", type=int, default=20,
@@ -61,88 +73,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="output folder (default: %(default)s; commit a copy of what you mean to keep)")
     p.add_argument("--fresh", action="store_true", help="ignore rows already in the output folder")
     return p.parse_args(argv)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# timing
-
-
-def bench_ms(fn, smoke: bool, grad_to_none=None) -> float:
-    """Median milliseconds of fn(): triton's do_bench on a GPU, a few wall-clock runs in smoke mode."""
-    if not smoke:
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
-    fn()  # warm-up (compilation)
-    times = []
-    for _ in range(3):
-        for t in grad_to_none or ():
-            t.grad = None
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def graph_ms(fn, smoke: bool) -> float:
-    """Median milliseconds of fn captured once in a CUDA graph and replayed (warm-up on a side stream)."""
-    import torch
-
-    if smoke:
-        raise RuntimeError("no CUDA graphs on the CPU")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.empty_cache()  # the warm-up's cached blocks: the graph's private pool needs as much again
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream
-        fn()
-    try:
-        return bench_ms(graph.replay, smoke)
-    finally:
-        del graph
-        torch.cuda.empty_cache()  # the graph's pool
-
-
-def bf16_order(t):
-    """bf16 values as integers in the order of the values, consecutive for neighbouring representable values (so
-    a difference counts the steps between two values, across binade edges too; +0 and -0 are both 0)."""
-    import torch
-
-    bits = t.to(torch.bfloat16).view(torch.int16).to(torch.int32)
-    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-
-def copy_gbps(device: str, smoke: bool) -> float:
-    """Bandwidth of a large device-to-device copy (read + write), the roofline of a streaming kernel."""
-    import torch
-
-    n = 2**16 if smoke else 2**29  # 1 GiB of bf16 per buffer: far beyond L2
-    src = torch.randn(n, device=device).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src), smoke)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-
-
-def fwd_bytes(m: int, n: int, es: int = 2) -> int:
-    return 2 * m * n * es + n * es + 4 * m
-
-
-def bwd_bytes(m: int, n: int, es: int = 2) -> int:
-    return 3 * m * n * es + 2 * n * es + 4 * m
-
-
-def add_fwd_bytes(m: int, n: int, es: int = 2) -> int:
-    """Fused add + norm forward: read x, residual, w; write y, h, rstd."""
-    return 4 * m * n * es + n * es + 4 * m
-
-
-def add_bwd_bytes(m: int, n: int, es: int = 2) -> int:
-    """Fused add + norm backward: read dy, dh, h, w, rstd; write one gradient for x and residual, and dW."""
-    return 4 * m * n * es + 2 * n * es + 4 * m
 
 
 def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool,
@@ -259,13 +189,17 @@ def bench_kernels(args, device: str, copy: float, save) -> None:
     sections = (("kernels", make_providers(not args.no_compile, args.providers)),
                 ("add_kernels", make_add_providers(not args.no_compile, args.providers)))
     graphs = device == "cuda" and not args.no_graphs
+    phases = [p for p, _ in R.PHASES + R.GRAPH_PHASES]
     for m in rows:
         for n in hidden:
             for section, providers in sections:  # the norm, then the add + norm, at each shape
-                for name, make in providers.items():
-                    row = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels")
-                    print(_fmt(row), flush=True)
-                    save(section, [row])  # after every configuration: a run cut short keeps what it measured
+                measured: dict[str, dict] = {}
+                for _ in range(args.repeats):  # interleaved: each repeat times every provider, back to back
+                    for name, make in providers.items():
+                        one = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels")
+                        measured[name] = with_repeat(measured.get(name), one, phases)
+                        print(_fmt(one), flush=True)
+                    save(section, list(measured.values()))  # after every repeat: a run cut short keeps what it has
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -358,13 +292,16 @@ def main(argv=None) -> Path:
     path = args.out / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('-')}.json"
     report = {} if args.fresh else R.load(path)
     copy = copy_gbps(device, args.smoke)
+    words = sys.argv[1:] if argv is None else list(argv)
+    run = run_record(name, " ".join(["python -m experiments.benchmarks.kernels.bench", *words]))
     report["meta"] = {"device": name, "smoke": args.smoke, "torch": torch.__version__, "triton": triton.__version__,
-                      "liger": liger_status(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": copy,
-                      "eps": EPS, "bwd_configs": K.BWD_CONFIGS, "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
+                      "liger": liger_status(), "date": run["date"], "copy_gbps": copy, "run": run,
+                      "eps": EPS, "bwd_configs": K.BWD_CONFIGS,
+                      "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
     print(f"{name}: copy {copy:.1f} GB/s, liger-kernel {report['meta']['liger']}; writing {path}", flush=True)
 
-    def save(section: str, rows: list[dict]) -> None:
-        report[section] = R.merge(report.get(section, []), rows, section)
+    def save(section: str, rows: list[dict]) -> None:  # every row names this run
+        report[section] = R.merge(report.get(section, []), [{**r, "run": run} for r in rows], section)
         R.write(path, report, plot_too=False)  # the plot once at the end (report.py draws it from the JSON too)
 
     R.write(path, report)
