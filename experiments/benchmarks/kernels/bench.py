@@ -32,7 +32,7 @@ from experiments.benchmarks.kernels.providers import (
     make_add_providers,
     make_providers,
 )
-from experiments.benchmarks.kernels.record import run_record
+from experiments.benchmarks.kernels.record import kernel_code, run_record
 from experiments.benchmarks.kernels.timing import (
     add_bwd_bytes,
     add_fwd_bytes,
@@ -44,10 +44,10 @@ from experiments.benchmarks.kernels.timing import (
     graph_ms,
     with_repeat,
 )
+from experiments.benchmarks.kernels.tune import bench_tune, use_tuned
 
 ROWS = (16384, 65536, 4096)  # the shapes the targets judge (M >= 16K) first: a time limit loses the rest
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
-TUNE_HIDDEN = (1024, 2048, 4096, 8192, 16384)
 SMOKE_ROWS, SMOKE_HIDDEN = (64,), (32, 100)
 EPS = 1e-6
 
@@ -72,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "minillm_kernel_bench",
                    help="output folder (default: %(default)s; commit a copy of what you mean to keep)")
     p.add_argument("--fresh", action="store_true", help="ignore rows already in the output folder")
+    p.add_argument("--use-tuned", action="store_true", help="launch each backward variant's best config from the "
+                   "tune rows of this kernel code already in the output folder (--mode tune first)")
     return p.parse_args(argv)
 
 
@@ -203,75 +205,6 @@ def bench_kernels(args, device: str, copy: float, save) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# one-pass backward tunables
-
-
-def tune_candidates(n: int) -> list[tuple[int, int, int, int]]:
-    """(ROWS, num_warps, programs per SM, STAGES) with 8-16 elements per thread and <= 2048 threads per SM."""
-    block = 1 << (n - 1).bit_length()
-    out = []
-    for rows in (1, 2, 4, 8):
-        for warps in (4, 8, 16, 32):
-            if rows * block > max(block, 2048) or not 8 <= rows * block / (32 * warps) <= 16:
-                continue
-            out += [(rows, warps, per_sm, stages) for per_sm in (1, 2, 4) if per_sm * warps <= 64
-                    for stages in (1, 2)]
-    return out
-
-
-def bench_tune(args, device: str, copy: float, save) -> None:
-    """Backward alone (kernels + the partials' sum) for each candidate config, and for the wide-row
-    two-kernel path at hidden > MAX_ONEPASS_HIDDEN; each also with the fused residual add's gradient (dh)."""
-    import torch
-
-    from minillm.kernels import rmsnorm as K
-
-    m = 64 if args.smoke else args.tune_rows
-    hidden = args.hidden or ((SMOKE_HIDDEN[-1],) if args.smoke else TUNE_HIDDEN)
-    saved = K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN
-    for n in hidden:
-        torch.manual_seed(0)
-        x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
-        dy, w = torch.randn_like(x), (1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16)
-        dh = torch.randn_like(x)  # the fused residual add's backward: the gradient reaching h along the stream
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
-        current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
-        cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
-        cands = list(dict.fromkeys(([current] if current != "two-kernel" else []) + cands))
-        reference = None  # the two-kernel path's gradients (timed first; a config is compared when it ran)
-        for config in ["two-kernel", *cands]:
-            row = {"config": str(config), "M": m, "hidden": n, "current": config == current, "copy_gbps": copy}
-            try:
-                if config == "two-kernel":
-                    K.MAX_ONEPASS_HIDDEN = 0
-                else:
-                    K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = ((1 << (n - 1).bit_length(), *config),), n
-                ms = bench_ms(lambda a=(dy, x, w, rstd): K._bwd(*a, 0.0, "llama", K._direct), args.smoke)
-                gbps = bwd_bytes(m, n) / (ms * 1e-3) / 1e9
-                row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
-                ms = bench_ms(lambda a=(dy, x, w, rstd), r=dh: K._bwd(*a, 0.0, "llama", K._direct, dh=r), args.smoke)
-                row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
-                grads = [*K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct),  # with and without the add's dh
-                         *K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)]  # (dx, dw, dx, dw)
-                if config == "two-kernel":
-                    reference = grads
-                elif reference is not None:  # the largest difference from the two-kernel path, relative
-                    diff = [((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
-                            for g, r in zip(grads, reference, strict=True)]
-                    row.update(dx_vs_two_kernel=max(diff[0::2]), dw_vs_two_kernel=max(diff[1::2]))
-            except Exception as e:
-                row["bwd_error"] = error_line(e)
-            finally:
-                K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
-            agree = (f", vs two-kernel dx {row['dx_vs_two_kernel']:.1e} dw {row['dw_vs_two_kernel']:.1e}"
-                     if "dx_vs_two_kernel" in row else "")
-            print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%}), with "
-                  f"the add {row['add_bwd_ms']:.4f} ms{agree}" if "add_bwd_ms" in row else "")
-                  + (f" FAIL {row['bwd_error']}" if "bwd_error" in row else ""), flush=True)
-            save("tune", [row])
-
-
-# ----------------------------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> Path:
@@ -294,9 +227,14 @@ def main(argv=None) -> Path:
     copy = copy_gbps(device, args.smoke)
     words = sys.argv[1:] if argv is None else list(argv)
     run = run_record(name, " ".join(["python -m experiments.benchmarks.kernels.bench", *words]))
+    if args.use_tuned:  # rows of tuned configs are another version of the kernels than the sources say
+        run["kernel_code"] += "+tuned"
+        run.update(use_tuned(report, kernel_code()))
+    else:
+        run.update(bwd_configs=[list(e) for e in K.BWD_CONFIGS], add_bwd_configs=[list(e) for e in K.ADD_BWD_CONFIGS])
     report["meta"] = {"device": name, "smoke": args.smoke, "torch": torch.__version__, "triton": triton.__version__,
-                      "liger": liger_status(), "date": run["date"], "copy_gbps": copy, "run": run,
-                      "eps": EPS, "bwd_configs": K.BWD_CONFIGS,
+                      "liger": liger_status(), "date": run["date"], "copy_gbps": copy, "run": run, "eps": EPS,
+                      "bwd_configs": run["bwd_configs"], "add_bwd_configs": run["add_bwd_configs"],
                       "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
     print(f"{name}: copy {copy:.1f} GB/s, liger-kernel {report['meta']['liger']}; writing {path}", flush=True)
 
@@ -308,7 +246,7 @@ def main(argv=None) -> Path:
     if args.mode in ("all", "kernels"):
         bench_kernels(args, device, copy, save)
     if args.mode == "tune":
-        bench_tune(args, device, copy, save)
+        bench_tune(args, device, copy, save, EPS)
     if args.mode in ("all", "train"):
         from experiments.benchmarks.kernels.train_step import bench_train
 
