@@ -63,6 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "add + norm providers fused_add add+fused add+eager torch.compile liger_fused_add")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--rep-ms", type=int, default=100, help="milliseconds of runs per timing (do_bench's rep)")
+    p.add_argument("--graphs-only", action="store_true", help="time the CUDA-graph replays only (kernel time), not "
+                   "the eager calls (launch-bound)")
+    p.add_argument("--train-matrix", choices=("full", "loss"), default="full", help="the train step's configurations "
+                   "(train_step.py): full = norms x compile x precision at --train-batch; loss = the chunked loss at "
+                   "three batch sizes, fused_rmsnorm and the plain loss beside it")
     p.add_argument("--repeats", type=int, default=3, help="timings of every provider at a shape, interleaved "
                    "(repeat 1 of each provider, then repeat 2, ...); rows keep each, ratios give their spread")
     p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
@@ -78,9 +84,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool,
-                add: bool = False) -> dict:
-    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd, and the two graph replays. With add, the
-    provider is an add + norm: f(x, residual) -> (y, h), with upstream gradients for both outputs."""
+                add: bool = False, rep_ms: int = 100, eager: bool = True) -> dict:
+    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd (skipped without ``eager``), and the graph
+    replays (fwd, fwd+bwd; for minillm's kernels also the backward kernel alone, called directly: its kernel time
+    without the autograd engine). With add, the provider is an add + norm: f(x, residual) -> (y, h), with upstream
+    gradients for both outputs."""
     import torch
 
     if device == "cuda":  # the previous provider's tensors and graph pools: 1 GiB each at M = 64K, hidden 8K
@@ -152,21 +160,39 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
                                         "worst_ref": ref.flatten()[worst].item()}
         except Exception as e:
             row["fwd_error"] = error_line(e)
-    run("fwd", lambda: bench_ms(no_grad_fwd, smoke))
-    out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
-    try:
-        out.append(outputs(leaves))
-    except Exception as e:
-        row["bwd_error"] = error_line(e)
-    if out:
-        run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
-                                    grad_to_none=[*leaves, w]))
-    out.clear()
-    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke))
+    if eager:
+        run("fwd", lambda: bench_ms(no_grad_fwd, smoke, rep_ms=rep_ms))
+        out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
+        try:
+            out.append(outputs(leaves))
+        except Exception as e:
+            row["bwd_error"] = error_line(e)
+        if out:
+            run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
+                                        grad_to_none=[*leaves, w], rep_ms=rep_ms))
+        out.clear()
+        run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, rep_ms=rep_ms))
     if graphs:
-        run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke))
-        run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke))
+        run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke, rep_ms))
+        run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke, rep_ms))
+        if name in ("fused", "fused_add"):
+            run("graph_bwd", lambda: graph_ms(kernel_bwd(inputs, w, grads_out), smoke, rep_ms))
     return row
+
+
+def kernel_bwd(inputs: list, w, grads_out: list):
+    """minillm's backward kernel(s) alone, on the saved rstd of one forward (with the fused add's dh for two
+    inputs), called directly: what its bandwidth is judged on."""
+    import torch
+
+    from minillm.kernels import rmsnorm as K
+
+    with torch.no_grad():
+        residual = inputs[1] if len(inputs) > 1 else None
+        _y, rstd, h = K._fwd(inputs[0], w, EPS, 0.0, "llama", K._direct, residual=residual)
+    x = inputs[0] if h is None else h
+    dh = grads_out[1] if len(grads_out) > 1 else None
+    return lambda: K._bwd(grads_out[0], x, w.detach(), rstd, 0.0, "llama", K._direct, dh=dh)
 
 
 def _fmt(r: dict) -> str:
@@ -198,7 +224,8 @@ def bench_kernels(args, device: str, copy: float, save) -> None:
                 measured: dict[str, dict] = {}
                 for _ in range(args.repeats):  # interleaved: each repeat times every provider, back to back
                     for name, make in providers.items():
-                        one = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels")
+                        one = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels",
+                                          args.rep_ms, not args.graphs_only)
                         measured[name] = with_repeat(measured.get(name), one, phases)
                         print(_fmt(one), flush=True)
                     save(section, list(measured.values()))  # after every repeat: a run cut short keeps what it has

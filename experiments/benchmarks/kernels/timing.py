@@ -7,24 +7,23 @@ import statistics
 import time
 
 
-def bench_ms(fn, smoke: bool, grad_to_none=None) -> float:
-    """Median milliseconds of fn(): triton's do_bench on a GPU, a few wall-clock runs in smoke mode."""
+def bench_ms(fn, smoke: bool, grad_to_none=None, rep_ms: int = 100) -> float:
+    """Median milliseconds of fn(): triton's do_bench on a GPU (over about rep_ms of runs, after a quarter of that
+    in warm-up), one wall-clock run after a warm-up in smoke mode."""
     if not smoke:
         from triton.testing import do_bench
 
-        return float(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+        return float(do_bench(fn, warmup=max(1, rep_ms // 4), rep=rep_ms, grad_to_none=grad_to_none,
+                              return_mode="median"))
     fn()  # warm-up (compilation)
-    times = []
-    for _ in range(3):
-        for t in grad_to_none or ():
-            t.grad = None
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    for t in grad_to_none or ():
+        t.grad = None
+    t0 = time.perf_counter()  # one timed run: the smoke run's numbers mean nothing, its plumbing is what it checks
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
-def graph_ms(fn, smoke: bool) -> float:
+def graph_ms(fn, smoke: bool, rep_ms: int = 100) -> float:
     """Median milliseconds of fn captured once in a CUDA graph and replayed (warm-up on a side stream)."""
     import torch
 
@@ -41,7 +40,7 @@ def graph_ms(fn, smoke: bool) -> float:
     with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream
         fn()
     try:
-        return bench_ms(graph.replay, smoke)
+        return bench_ms(graph.replay, smoke, rep_ms=rep_ms)
     finally:
         del graph
         torch.cuda.empty_cache()  # the graph's pool
