@@ -18,7 +18,7 @@ from torchmetrics import MeanMetric, SumMetric
 
 from minillm import loss as losses
 from minillm.callbacks.common import log_metrics
-from minillm.callbacks.reads import DeviceReads, logging_step
+from minillm.callbacks.reads import DeviceReads, logging_step, step_ended
 from minillm.checkpointing import check_model_config
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric, tokens_seen
@@ -76,8 +76,9 @@ class LitLM(L.LightningModule):
         self.hparams["model"] = model.to_dict()
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.model = Transformer(model)
-        # functions, not modules: the state_dict keeps its keys and the eager model stays callable
-        compiled = lambda fn: torch.compile(fn, backend=compile_backend, mode=compile_mode) if compile else None  # noqa: E731
+        def compiled(fn: Callable) -> Callable | None:  # a function, not a module: the state_dict keeps its keys
+            return torch.compile(fn, backend=compile_backend, mode=compile_mode) if compile else None
+
         self.compiled_forward, self.compiled_step_loss = compiled(self.model.forward), compiled(self.step_loss)
         self._eager_for: set[int] = set()  # the callbacks that need the model uncompiled now (run_eagerly)
         self.bits_per_token: float | None = None  # bits/char per nats/token, for the char tokenizer (setup())
@@ -86,6 +87,7 @@ class LitLM(L.LightningModule):
         # nats and UTF-8 bytes of the evaluated targets (fp64 sums, synced over processes like eval_ce)
         self.eval_nats, self.eval_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
         self._window_losses: list[Tensor] = []  # per-window mean losses of the running pass (eval_windows_dir)
+        self._step_losses: list[Tensor] = []  # (ce, loss) of each micro-batch of the optimizer step in progress
         self._train_metrics: dict[str, float] = {}  # the logging step's train metrics, read with the callbacks' values
 
     def setup(self, stage: str) -> None:
@@ -138,17 +140,28 @@ class LitLM(L.LightningModule):
         compiled = self.compiled_step_loss is not None and not self._eager_for
         loss, ce = (self.compiled_step_loss if compiled else self.step_loss)(x, y)
         trainer = self.trainer
-        if logging_step(trainer, batch_idx, stepped=False):
-            step = trainer.global_step  # 0-based, the row of csv/metrics.csv
-            host = {TRAIN_TOKENS: float(tokens_seen(step + 1, x.numel(), trainer.world_size,
-                                                    trainer.accumulate_grad_batches)),
-                    TRAIN_LR: self.optimizers().param_groups[0]["lr"], "epoch": float(trainer.current_epoch)}
-            reads = DeviceReads.of(trainer)
-            reads.put(ce, lambda v: self._train_metrics.update({TRAIN_LOSS: v, **host}))
-            if self.hparams.z_loss:
-                reads.put(loss, lambda v: self._train_metrics.update({TRAIN_LOSS_WITH_Z: v}))
-            reads.after_read(lambda: log_metrics(trainer, self._train_metrics, step))
+        self._step_losses.append(torch.stack([ce.detach(), loss.detach()]))  # this optimizer step's micro-batches
+        if step_ended(trainer, batch_idx):
+            means, self._step_losses = torch.stack(self._step_losses).mean(0), []  # (2,): ce, loss
+            if logging_step(trainer, batch_idx, stepped=False):
+                self._put_train_metrics(trainer, means, x.numel())
         return {"loss": loss, "ce": ce.detach()}
+
+    def _put_train_metrics(self, trainer: L.Trainer, means: Tensor, tokens: int) -> None:
+        """This logging step's train metrics: its mean losses go to the step's one device read, then to the loggers
+        at the step's index, and (on_train_batch_end) to the callback metrics."""
+        step = trainer.global_step  # 0-based, the row of csv/metrics.csv
+        host = {TRAIN_TOKENS: float(tokens_seen(step + 1, tokens, trainer.world_size, trainer.accumulate_grad_batches)),
+                TRAIN_LR: self.optimizers().param_groups[0]["lr"], "epoch": float(trainer.current_epoch)}
+
+        def receive(values) -> None:
+            self._train_metrics.update({TRAIN_LOSS: float(values[0]), **host})
+            if self.hparams.z_loss:
+                self._train_metrics[TRAIN_LOSS_WITH_Z] = float(values[1])
+
+        reads = DeviceReads.of(trainer)
+        reads.put(means, receive)
+        reads.after_read(lambda: log_metrics(trainer, self._train_metrics, step))
 
     def on_train_batch_end(self, outputs: dict, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """The train metrics just read, as the trainer's callback metrics (host tensors: nothing is read again)."""
