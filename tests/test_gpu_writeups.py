@@ -42,7 +42,7 @@ def test_a_typed_number_in_a_generated_section_is_caught(tmp_path, monkeypatch):
 def test_the_summary_reads_each_number_from_the_rows():
     """The verdict's figures change with the rows: the fused add's forward ratio is the rows' median."""
     merged, sessions = summary.sources("NVIDIA-H200")
-    fig = summary.figures(merged)
+    fig = summary.figures(merged, sessions)
     k = merged["kernel"]
     pairs = [(summary._by(k, "add_kernels", "fused_add", m, n), summary._by(k, "add_kernels", "add+fused", m, n))
              for m, n in summary.JUDGED]

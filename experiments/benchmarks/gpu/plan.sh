@@ -66,15 +66,18 @@ case $STEP in
     wheels
     environment
     only=(-n 8); [ -z "$DRY" ] || only=(-n 2 -k "odd_shapes or chunked_matches_plain_in_fp32 or gpu")  # dry: a few
-    kernel_tests 110 tests tests/test_loss.py tests/callbacks/test_host_reads.py ${only[@]+"${only[@]}"}
+    gpu_only=(tests/test_loss.py::test_gpu_bf16_parity_with_the_plain_loss  # the loss and the sync count, on the GPU
+              tests/test_loss.py::test_gpu_compiled_training_step_with_the_chunked_loss
+              tests/callbacks/test_host_reads.py::test_on_a_gpu_a_step_that_logs_nothing_synchronizes_nothing)
+    kernel_tests 145 tests "${gpu_only[@]}" ${only[@]+"${only[@]}"}
     judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
     tuned=(--hidden 4096 8192); [ -z "$DRY" ] || tuned=()
-    step 60 next $PY -m experiments.benchmarks.kernels.bench --mode tune "${tuned[@]}" --out "$OUT" $SMOKE
+    step 50 next $PY -m experiments.benchmarks.kernels.bench --mode tune "${tuned[@]}" --out "$OUT" $SMOKE
     graphs=(--graphs-only); [ -z "$DRY" ] || graphs=()  # the dry run's CPU has no CUDA graphs: its eager timings
-    step 130 next $PY -m experiments.benchmarks.kernels.bench --mode kernels --use-tuned "${graphs[@]}" --rep-ms 40 \
+    step 120 next $PY -m experiments.benchmarks.kernels.bench --mode kernels --use-tuned "${graphs[@]}" --rep-ms 40 \
       --repeats 3 "${judged[@]}" --providers fused F.rms_norm torch.compile liger fused_add add+fused --out "$OUT" \
       $SMOKE ${DRY:+--no-compile}
-    step 200 next $PY -m experiments.benchmarks.kernels.bench --mode train --train-matrix loss --train-steps 20 \
+    step 180 next $PY -m experiments.benchmarks.kernels.bench --mode train --train-matrix loss --train-steps 20 \
       --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   tests)
     environment

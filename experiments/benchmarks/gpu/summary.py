@@ -96,11 +96,12 @@ def _by(report: dict, section: str, provider: str, m: int, n: int) -> dict | Non
     return next((r for r in report.get(section, []) if R.key(section, r) == (provider, m, n)), None)
 
 
-def _ratio(reports: list[tuple[str, dict]], section: str, fused: str, other: str, m: int, n: int,
-           phase: str) -> str:
-    """other's time over fused's at one shape and phase, both rows from one run, as '1.23x [R2]' (the run's label in
-    its report, the report named when it is not the first): the first such pair with CUDA-graph replays on both
-    sides, else the first with eager timings ('1.23x eager', launch-bound), else why there is none."""
+def pair_ratio(reports: list[tuple[str, dict]], section: str, fused: str, other: str, m: int, n: int,
+               phase: str) -> tuple[float | None, str, bool]:
+    """(other's time over fused's, its cell, whether on CUDA-graph replays) at one shape and phase, both rows from
+    one run: the first such pair with graph replays on both sides, else the first with eager timings ('1.23x eager
+    [R2]', launch-bound); the cell names the run's label in its report, and the report when it is not the first.
+    (None, why, False) without a pair."""
     found, seen = [], []
     for i, (name, report) in enumerate(reports):
         k = kernel_part(report)
@@ -115,16 +116,20 @@ def _ratio(reports: list[tuple[str, dict]], section: str, fused: str, other: str
         if values:
             short = re.sub(r"^.*?-(run\d.*)[.]json$", r"\1", name)  # NVIDIA-H200-run1.json: run1
             where = label(runs, f) + ("" if i == 0 else f" of {short}")
+            ratio = statistics.median(values)
             eager = "" if basis == "graph" else " eager"  # no graph replay on both sides: launch-bound timings
-            found.append((basis != "graph", f"{statistics.median(values):.2f}x{eager} [{where}]"))
+            found.append((basis != "graph", ratio, f"{ratio:.2f}x{eager} [{where}]"))
     if found:
-        return min(found, key=lambda x: x[0])[1]  # the first with graph replays, else the first
-    return seen[0] if seen else "not measured"
+        eager, ratio, cell = min(found, key=lambda x: x[0])  # the first with graph replays, else the first
+        return ratio, cell, not eager
+    return None, seen[0] if seen else "not measured", False
 
 
-def figures(merged: dict) -> dict:
-    """The headline numbers of a merged report's kernel part, each from its rows."""
+def figures(merged: dict, sessions: list) -> dict:
+    """The headline numbers of a merged report's kernel part (ratios also from the sessions' own reports, as the
+    README table takes them: pair_ratio), each from its rows."""
     k, runs = merged["kernel"], R.runs(merged["kernel"])
+    reports = [("the merged report", merged), *sessions]
     fused = [r for r in k.get("kernels", []) if r["provider"] == "fused" and (r["M"], r["hidden"]) in JUDGED]
     within = {base: [] for base in ("F.rms_norm", "torch.compile", "liger")}
     add = {"fwd": [], "fwdbwd": []}
@@ -132,9 +137,9 @@ def figures(merged: dict) -> dict:
         pairs = [(within[b], "kernels", "fused", b, "fwdbwd") for b in within]
         pairs += [(add[p], "add_kernels", "fused_add", "add+fused", p) for p in add]
         for out, section, ours, theirs, phase in pairs:
-            f, o = _by(k, section, ours, m, n), _by(k, section, theirs, m, n)
-            if f and o and R.run_of(f)["id"] == R.run_of(o)["id"] and (x := R.ratios(f, o, phase)[0]):
-                out.append(statistics.median(x))
+            ratio, _, graphs = pair_ratio(reports, section, ours, theirs, m, n, phase)
+            if graphs:  # kernel time only: an eager timing of these shapes measures the launches
+                out.append(ratio)
     train = [r for r in k.get("train_step", []) if "error" not in r]
     step = {}
     for precision in ("bf16-mixed", "bf16-true"):
@@ -147,6 +152,7 @@ def figures(merged: dict) -> dict:
 
     return {"fwd": [frac(r, "fwd") for r in fused if frac(r, "fwd")],
             "bwd": [frac(r, "bwd") for r in fused if frac(r, "bwd")],
+            "bwd_eager": any(r.get("graph_bwd_frac") is None for r in fused),
             "vs": within, "add": add, "step": step, "runs": runs,
             "mfu": [r["mfu_causal"] for r in train if r["compiled"] and r.get("mfu_causal")],
             "repeats": max([len(r.get("fwd_repeats") or [1]) for r in fused] or [1]),
@@ -158,21 +164,22 @@ def verdict_word(count: dict) -> str:
 
 
 def kernels_verdict(device: str, slug: str, merged: dict, sessions: list) -> str:
-    f = figures(merged)
+    f = figures(merged, sessions)
     n = f["count"]
     bwd_met = sum(v >= 0.80 for v in f["bwd"])
     spread = ("each configuration timed once: spread unmeasured" if f["repeats"] < 2
               else f"{f['repeats']} repeats per configuration")
     step = "; ".join(f"{p} {v:.2f}x" for p, v in f["step"].items()) or "not measured"
+    vs = ", ".join(f"{span(v, '{:.2f}x')} `{b}`" for b, v in f["vs"].items())
+    add_fwd, add_fb = span(f["add"]["fwd"], "{:.2f}x"), span(f["add"]["fwdbwd"], "{:.2f}x")
+    bwd = span(f["bwd"]) + (" (eager timings: autograd included)" if f["bwd_eager"] else "")
     return (f"**{verdict_word(n)}** ({device}, bf16, {len(f['runs'])} benchmark processes in {len(sessions) or 1} "
-            f"sessions; {spread}): forward {span(f['fwd'])} of "
-            f"copy at M >= 16K (target 90%); backward alone {span(f['bwd'])} (target 80%: met at {bwd_met} of "
-            f"{len(f['bwd'])} shapes); fwd+bwd " + ", ".join(f"{span(v, '{:.2f}x')} `{b}`" for b, v in f["vs"].items())
-            + f" (ratios within one run); the fused add + norm {span(f['add']['fwd'], '{:.2f}x')} forward (byte "
-            f"bound {R.ADD_FWD_BOUND}x), {span(f['add']['fwdbwd'], '{:.2f}x')} fwd+bwd (target {R.ADD_SPEEDUP}x); in "
-            f"a compiled 125M train step `fused_rmsnorm` / `rmsnorm`: {step}; MFU (causal count) "
-            f"{span(f['mfu'], '{:.1%}')} (target {R.MFU_TARGET:.0%}); targets {n['PASS']} PASS, {n['FAIL']} FAIL, "
-            f"{n['n/a']} n/a (gpu/results/{slug}.md)")
+            f"sessions; {spread}): forward {span(f['fwd'])} of copy at M >= 16K (target 90%); backward alone "
+            f"{bwd} (target 80%: met at {bwd_met} of {len(f['bwd'])} shapes); fwd+bwd {vs} (CUDA-graph "
+            f"replays, ratios within one run); the fused add + norm {add_fwd} forward (byte bound {R.ADD_FWD_BOUND}x), "
+            f"{add_fb} fwd+bwd (target {R.ADD_SPEEDUP}x); in a compiled 125M train step `fused_rmsnorm` / `rmsnorm`: "
+            f"{step}; MFU (causal count) {span(f['mfu'], '{:.1%}')} (target {R.MFU_TARGET:.0%}); targets "
+            f"{n['PASS']} PASS, {n['FAIL']} FAIL, {n['n/a']} n/a (gpu/results/{slug}.md)")
 
 
 def _tests_line(merged: dict) -> str:
@@ -181,7 +188,7 @@ def _tests_line(merged: dict) -> str:
 
 
 def gpu_verdict(device: str, slug: str, merged: dict, sessions: list) -> str:
-    f = figures(merged)
+    f = figures(merged, sessions)
     preset = {(r["compiled"], r["stability"]): r for r in merged.get("preset", []) if "error" not in r}
     on, off = preset.get((True, True)), preset.get((True, False))
     words = "" if not (on and off) else (
@@ -238,10 +245,11 @@ def kernel_table(merged: dict, sessions: list) -> list[str]:
              "|---|" + "---|" * len(hidden)]
     specs = [("forward, % of copy", lambda m, n: frac(m, n, "fwd")),
              ("backward alone, % of copy", lambda m, n: frac(m, n, "bwd"))]
-    specs += [(f"fwd+bwd, `{b}` / fused", lambda m, n, b=b: _ratio(reports, "kernels", "fused", b, m, n, "fwdbwd"))
+    specs += [(f"fwd+bwd, `{b}` / fused", lambda m, n, b=b: pair_ratio(reports, "kernels", "fused", b, m, n,
+                                                                       "fwdbwd")[1])
               for b in ("F.rms_norm", "torch.compile", "liger", "F.layer_norm")]
     specs += [(f"add then fused norm / fused add + norm, {t}",
-               lambda m, n, p=p: _ratio(reports, "add_kernels", "fused_add", "add+fused", m, n, p))
+               lambda m, n, p=p: pair_ratio(reports, "add_kernels", "fused_add", "add+fused", m, n, p)[1])
               for p, t in (("fwd", "fwd"), ("fwdbwd", "fwd+bwd"))]
     for title, cell in specs:
         lines.append(f"| {title} | " + " | ".join(_pair([cell(m, n) for m in rows]) for n in hidden) + " |")
@@ -302,7 +310,7 @@ def session_table(sessions: list, merged: dict) -> list[str]:
 
 
 def kernels_results(device: str, slug: str, merged: dict, sessions: list) -> str:
-    count = figures(merged)["count"]
+    count = figures(merged, sessions)["count"]
     lines = [f"{device}, the merged report [gpu/results/{slug}.md](../gpu/results/{slug}.md) (its runs table names "
              "each run R1, R2, ... by the copy bandwidth its process measured, and its date where recorded). Each "
              "ratio is between two rows of one run (in brackets); `not comparable`: the two rows come from two runs. "
@@ -312,8 +320,8 @@ def kernels_results(device: str, slug: str, merged: dict, sessions: list) -> str
     return "\n".join(lines)
 
 
-def readme_sentence(device: str, slug: str, merged: dict) -> str:
-    f = figures(merged)
+def readme_sentence(device: str, slug: str, merged: dict, sessions: list) -> str:
+    f = figures(merged, sessions)
     step = " and ".join(f"{v:.2f}x in {p}" for p, v in f["step"].items())
     return (f"Measured on an {device} (bf16; `experiments/benchmarks/gpu/results/{slug}.md`): the forward at "
             f"{span(f['fwd'])} of the copy bandwidth at M >= 16K, the backward alone at {span(f['bwd'])}, "
@@ -328,8 +336,8 @@ def layernorm_sentence(slug: str, merged: dict, sessions: list) -> str:
     reports = [("the merged report", merged), *sessions]
 
     def ratios(fused: str, other: str, phase: str) -> list[float]:
-        cells = [_ratio(reports, "kernels", fused, other, m, n, phase) for m, n in JUDGED]
-        return [float(c.split("x")[0]) for c in cells if re.match(r"[\d.]+x \[", c)]  # CUDA-graph replays only
+        cells = [pair_ratio(reports, "kernels", fused, other, m, n, phase) for m, n in JUDGED]
+        return [ratio for ratio, _, graphs in cells if graphs]  # kernel time only
 
     train = [r for r in merged["kernel"].get("train_step", []) if r["compiled"] and "error" not in r]
     step = []
@@ -371,7 +379,7 @@ def outputs(device: str = "NVIDIA-H200") -> dict[Path, str]:
     blocks = {KERNELS / "README.md": kernels_results(name, device, merged, sessions),
               HERE / "README.md": "\n".join([gpu_verdict(name, device, merged, sessions), "",
                                                *preset_lines(merged)]),
-              ROOT / "README.md": readme_sentence(name, device, merged),
+              ROOT / "README.md": readme_sentence(name, device, merged, sessions),
               S6: layernorm_sentence(device, merged, sessions)}
     for path, block in blocks.items():
         out[path] = replace_block(path.read_text(), block, path)
