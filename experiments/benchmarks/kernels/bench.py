@@ -6,12 +6,14 @@
     python -m experiments.benchmarks.kernels.bench --smoke                   # CPU, TRITON_INTERPRET=1: a code check
 
 Writes DIR/<device>.json, .md and .png after every shape and configuration (default DIR: a temp folder, never
-the committed results). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key
-(provider, M, hidden), (config, M, hidden) or (norm, compiled); --fresh starts over. A configuration that fails
-becomes a FAIL row and the rest goes on. Forward (no_grad), backward alone and forward+backward are timed
-separately with triton.testing.do_bench (median, L2 flushed), and forward / forward+backward once more as a
-CUDA-graph replay (no launch overhead; n/a where capture fails). Byte model and targets: report.py.
-Imports only torch, triton and minillm's model and kernels (no datasets, hydra, omegaconf or wandb).
+the committed results); every row carries the record of this run (record.py: id, date, device, commit, kernel
+code, command). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key (report.KEYS);
+--fresh starts over. A configuration that fails becomes a FAIL row and the rest goes on. Forward (no_grad),
+backward alone and forward+backward are timed separately with triton.testing.do_bench (median, L2 flushed), and
+once more as CUDA-graph replays (kernel time, no launch overhead; for minillm's kernels the backward kernel
+alone too; n/a where capture fails); every provider of a shape --repeats times, interleaved. Byte model and
+targets: report.py. Imports only torch, triton and minillm's model, kernels and loss (no datasets, hydra, omegaconf
+or wandb).
 """
 
 from __future__ import annotations

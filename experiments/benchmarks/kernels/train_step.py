@@ -45,7 +45,8 @@ def matrix(args) -> list[list[dict]]:
             groups.setdefault(scale(batch), []).append(dict(norm=norm, compiled=not args.no_compile,
                                                             precision="bf16-mixed", batch=scale(batch),
                                                             loss_impl=loss))
-        return [groups[b] for b in sorted(groups, key=lambda b: b != scale(32))]  # the comparisons' batch first
+        return [groups[b] for b in sorted(groups, key=lambda b: (b != scale(32), -b))]  # the comparisons' batch
+        # first, then the larger: a time limit loses the smallest batch, rmsnorm alone
     batch = 2 if args.smoke else args.train_batch
     compiles = (True, False) if not args.no_compile else (False,)
     return [[dict(norm=norm, compiled=compiled, precision=precision, batch=batch, loss_impl="plain")
