@@ -365,8 +365,9 @@ class Transformer(nn.Module):
         else:
             nn.init.xavier_normal_(module.weight, gain=1.0)
 
-    def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
-        """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""
+    def hidden(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
+        """Token ids (B, T) -> the last hidden states (B, T, C), after the final norm: what the LM head reads (a
+        loss that never makes the whole batch's logits starts here: minillm.loss)."""
         B, T = idx.shape
         start = cache[0].length if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
@@ -377,7 +378,11 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D/2)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache=cache[i] if cache is not None else None)
-        logits = self.lm_head(at_positions(self.norm, start)(x))  # (B, T, V)
+        return at_positions(self.norm, start)(x)
+
+    def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
+        """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""
+        logits = self.lm_head(self.hidden(idx, cache))  # (B, T, V)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else soft_cap(logits, cap)
 

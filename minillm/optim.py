@@ -4,6 +4,7 @@ run must keep and the ones a decay branch may change."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 
@@ -112,6 +113,30 @@ def param_groups(model: torch.nn.Module, decay_norms: bool = False, decay_embedd
         return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [{"params": hidden, "use_muon": True}, {"params": decay, "use_muon": False},
             {"params": no_decay, "use_muon": False, "weight_decay": 0.0}]
+
+
+FUSED = ("auto", True, False, None)  # optimizer.fused; not set: auto for torch.optim.AdamW
+
+
+def check_fused(factory: Callable | None) -> None:
+    """optimizer.fused is auto, true, false or null (a one-line ConfigError otherwise)."""
+    fused = getattr(factory, "keywords", {}).get("fused")
+    if fused not in FUSED or isinstance(fused, int) and not isinstance(fused, bool):
+        raise invalid("optimizer.fused", fused, "auto (torch's fused kernel on a CUDA GPU, its default elsewhere), "
+                      "true, false or null")
+
+
+def with_fused(factory: Callable, device: torch.device, scaled: bool = False) -> Callable:
+    """The optimizer factory with ``fused`` resolved for the device the parameters are on: ``auto`` (and, for
+    torch.optim.AdamW, not setting it) is True on a CUDA GPU (one kernel for every parameter's update, no per-step
+    host work) and torch's default elsewhere (on a CPU it keeps runs bit-identical with earlier versions), and
+    under a GradScaler (``scaled``: fp16) too, where a fused step would unscale the gradients after Lightning
+    clipped them."""
+    keywords = getattr(factory, "keywords", {})
+    fused = keywords.get("fused", "auto" if getattr(factory, "func", None) is torch.optim.AdamW else None)
+    if fused != "auto":
+        return factory
+    return functools.partial(factory, fused=True if device.type == "cuda" and not scaled else None)
 
 
 def is_bare_muon(target: object) -> bool:

@@ -99,6 +99,18 @@ def test_looped_and_wide_row_kernels(monkeypatch, onepass):
 
 
 @kernel
+@pytest.mark.parametrize("config", [(4, 4, 2, 2), (2, 1, 3, 1)], ids=["4-rows-2-stages", "2-rows-1-warp"])
+def test_own_backward_configs_with_several_rows_in_flight(monkeypatch, config):
+    """The add's backward on its own table (ADD_BWD_CONFIGS) with more than one row per iteration, rows that do not
+    divide M, pipelined: dx, dresidual and dW against the two ops (the dW partial is one [BLOCK] row per program)."""
+    monkeypatch.setattr(K, "ADD_BWD_CONFIGS", ((64, *config),))
+    torch.manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, dy, dh = (_randn(37, 40, dtype=dtype) for _ in range(4))
+        _check(x, r, _weight(40, 0.0), dy, dh, cast="llama")
+
+
+@kernel
 def test_non_contiguous_inputs_and_gradients_left_intact():
     torch.manual_seed(4)
     x, r = _randn(7, 3, 40).permute(1, 0, 2), _randn(3, 7, 64)[..., :40]

@@ -151,3 +151,33 @@ def test_the_norm_comparison_step_runs_its_sweep_and_both_verdicts(tmp_path):
         assert sorted((c["arm"], c["stratum"]["placement"]) for c in comparisons) == sorted(
             (arm, p) for arm in ("layernorm", "fused_rmsnorm") for p in ("pre", "post"))
         assert verdicts["metric"] == metric
+
+
+@pytest.mark.slow
+def test_the_next_run_is_one_command_with_at_most_eight_files(tmp_path):
+    """plan.sh next --dry-run: the whole next GPU run on the CPU (interpreter, tiny shapes, a few tests): every part
+    exits 0, at most 8 files in one folder, the tune times both variants, the judged kernels are timed in 3 repeats
+    with the tuned configs, the train step has the chunked loss at three batch sizes and the plain one beside it,
+    and the folder merges into one report."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WANDB_MODE": "offline"}
+    res = subprocess.run(["bash", "experiments/benchmarks/gpu/plan.sh", "next", "--dry-run"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(p.is_file() for p in out.iterdir()), files
+    assert {"env.txt", "tests.log", "next.log", "cpu-interpreter-smoke.json"} <= set(files)
+    report = json.loads((out / "cpu-interpreter-smoke.json").read_text())
+    assert all(r.get("add_bwd_ms") for r in report["tune"])  # both variants of every config
+    assert report["kernels"] and all(len(r["fwd_repeats"]) == 3 for r in report["kernels"] + report["add_kernels"])
+    assert all(r["run"]["kernel_code"].endswith("+tuned") for r in report["kernels"] + report["add_kernels"])
+    assert {(r["norm"], r["loss_impl"]) for r in report["train_step"]} == {
+        ("rmsnorm", "chunked"), ("fused_rmsnorm", "chunked"), ("rmsnorm", "plain")}
+    assert len({r["batch"] for r in report["train_step"] if r["norm"] == "rmsnorm"}) == 3
+    path = merge.main([str(out), "--results", str(tmp_path / "results")])
+    assert "## Train step" in path.with_suffix(".md").read_text()

@@ -131,3 +131,53 @@ def test_wsd_settings_are_checked_with_their_field_names():
         lr_lambda("wsd", 1, 10, decay_shape="exp")
     with pytest.raises(ConfigError, match=r"scheduler.decay_fraction=1.5 is invalid"):
         lr_lambda("wsd", 1, 10, decay_fraction=1.5)
+
+
+# --- fused AdamW ----------------------------------------------------------------------------------------------
+
+
+def test_adamw_is_fused_on_a_gpu_unless_a_grad_scaler_unscales_or_the_config_says_otherwise():
+    import functools
+
+    from minillm.optim import with_fused
+
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert with_fused(adamw, cuda).keywords["fused"] is True  # not set: auto
+    assert with_fused(adamw, cpu).keywords["fused"] is None  # torch's default on the CPU
+    assert with_fused(adamw, cuda, scaled=True).keywords["fused"] is None  # fp16: Lightning unscales, then clips
+    assert with_fused(functools.partial(adamw, fused="auto"), cuda).keywords["fused"] is True
+    assert with_fused(functools.partial(adamw, fused=False), cuda).keywords["fused"] is False
+    muon = functools.partial(MuonWithAdamW, lr=0.02)
+    assert with_fused(muon, cuda) is muon  # only AdamW is fused by default
+
+
+def test_a_bad_optimizer_fused_is_a_one_line_config_error(tmp_path, corpus):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, TRAIN, "model=tiny", "data=files", f"data.files=[{corpus}]", "+optimizer.fused=yes",
+           f"hydra.run.dir={tmp_path / 'run'}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr
+    assert "config error: optimizer.fused='yes' is invalid; allowed: auto" in out.stdout + out.stderr
+
+
+def test_gradients_are_clipped_under_bf16_with_a_fused_optimizer():
+    """Lightning refuses to clip for an optimizer that may unscale in its step (fused AdamW) under mixed precision,
+    even in bf16 where nothing is scaled; minillm's module clips there as Lightning clips otherwise."""
+    import lightning as L
+
+    from minillm.lit_module import LitLM
+
+    module = LitLM(tiny())
+    module.trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, enable_progress_bar=False,
+                               enable_checkpointing=False, enable_model_summary=False)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, fused=True)
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        L.LightningModule.configure_gradient_clipping(module, opt, 1.0, "norm")  # Lightning's own
+    module.configure_gradient_clipping(opt, 1.0, "norm")
+    total = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
+    assert total == pytest.approx(1.0, rel=1e-4)

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from minillm.callbacks.common import last_step, log_metrics, train_loss
+from minillm.callbacks.reads import DeviceReads, step_ended
 from minillm.callbacks.run_totals import RunTotals
 from minillm.errors import check_bool, check_int, check_number
 from minillm.metrics import DIVERGED
@@ -35,17 +36,23 @@ def params_finite(module: nn.Module, norm: float | None = None) -> bool:
 class DivergenceGuard(L.Callback):
     """Ends a diverging run cleanly: it stops, is marked diverged (step, reason), and the process goes on.
 
-    Judged once per optimizer step, on the mean train loss of its micro-batches. Diverged: a non-finite train loss,
-    non-finite weights after an optimizer step (``check_weights``: one fused norm of the weights per step, read with
-    the loss in one device sync, see weights_norm; also checked before validations and at the end), or a train loss
-    above the ceiling for ``patience`` consecutive optimizer steps (ceiling = ``max_loss``, or ``max_loss_factor *
-    ln(vocab_size)`` when max_loss is null). The verdict goes to RunTotals (``stopped_early``, ``diverged_step``,
+    Judged on every optimizer step, on the mean train loss of its micro-batches. Diverged: a non-finite train loss,
+    non-finite weights after an optimizer step (``check_weights``: one fused norm of the weights per step, see
+    weights_norm; also checked before validations and at the end), or a train loss above the ceiling for
+    ``patience`` consecutive optimizer steps (ceiling = ``max_loss``, or ``max_loss_factor * ln(vocab_size)`` when
+    max_loss is null). The values stay on the device until the steps that log read them with everything else
+    (DeviceReads): every step is judged, in order, at the next logging step (or before a validation, a checkpoint,
+    the end), so a run stops at most trainer.log_every_n_steps - 1 steps after the step that diverged, which
+    ``diverged_step`` names. ``every_n_steps`` reads them every that many steps instead (1: every step, a host
+    synchronization each on a GPU). The verdict goes to RunTotals (``stopped_early``, ``diverged_step``,
     ``diverged_reason``), where summary.json and minillm's checkpoint callback read it: after a divergence no
     checkpoint is written, so best.ckpt / last.ckpt keep the last good weights.
     """
 
     def __init__(self, max_loss: float | None = None, max_loss_factor: float | None = 1.5, patience: int = 20,
-                 check_weights: bool = True):
+                 check_weights: bool = True, every_n_steps: int | None = None):
+        check_int("callbacks.divergence.every_n_steps", every_n_steps, low=1, optional=True)
+        self.every_n_steps = every_n_steps
         check_number("callbacks.divergence.max_loss", max_loss, low=0.0, low_open=True, optional=True)
         check_number("callbacks.divergence.max_loss_factor", max_loss_factor, low=0.0, low_open=True, optional=True)
         check_int("callbacks.divergence.patience", patience, low=1)
@@ -56,6 +63,7 @@ class DivergenceGuard(L.Callback):
         self.diverged, self.step, self.reason = False, None, None
         self._over, self._step = 0, 0
         self._losses: list[Tensor] = []  # the micro-batches' losses of the step in progress
+        self._judged: dict[int, list[float]] = {}  # step -> [loss (, weights norm)] as they arrive from the device
 
     def state_dict(self) -> dict[str, Any]:
         """Consecutive steps above the ceiling so far (and the verdict), so a resumed run keeps counting."""
@@ -80,12 +88,26 @@ class DivergenceGuard(L.Callback):
         if loss is None or self.diverged:
             return
         self._losses.append(loss.detach().float())
-        accumulate = getattr(trainer, "accumulate_grad_batches", 1)
-        if (batch_idx + 1) % accumulate and batch_idx + 1 != getattr(trainer, "num_training_batches", None):
+        if not step_ended(trainer, batch_idx):
             return  # the step goes on: judged on its micro-batches' mean, after its optimizer step
         step_loss, self._losses = torch.stack(self._losses).mean(), []
-        read = [step_loss] + ([weights_norm(pl_module).to(loss.device)] if self.check_weights else [])
-        (value, *norm), reason = torch.stack(read).tolist(), None  # one device sync for both
+        step, reads = self._step, DeviceReads.of(trainer)
+        now = self.every_n_steps is not None and (step + 1) % self.every_n_steps == 0  # else: at the next logging step
+        reads.put(step_loss, lambda v: self._judge(trainer, pl_module, step, v), urgent=now)
+        if self.check_weights:
+            reads.put(weights_norm(pl_module), lambda v: self._judge(trainer, pl_module, step, v))
+
+    def _judge(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, value: float) -> None:
+        """One step's verdict, once its values (the loss, and the weights' norm with check_weights) are read."""
+        got = self._judged.setdefault(step, [])
+        got.append(value)
+        if len(got) < 1 + self.check_weights:
+            return
+        del self._judged[step]
+        if self.diverged:  # the steps after the one that tripped
+            return
+        value, *norm = got
+        reason = None
         if not math.isfinite(value):
             reason = f"non-finite train loss ({value})"
         elif self.check_weights and not params_finite(pl_module, norm[0]):
@@ -100,13 +122,14 @@ class DivergenceGuard(L.Callback):
         if trainer.world_size > 1 and trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
             reason = reason or "another process diverged"
         if reason is not None:
-            self.trip(trainer, reason)
+            self.trip(trainer, reason, step)
 
     def _check_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Safety net before anything can save a checkpoint (the per-step check is in on_train_batch_end)."""
+        """Safety net before anything can save a checkpoint: the steps not judged yet first (the per-step check
+        is in on_train_batch_end), then the weights as they are."""
+        DeviceReads.of(trainer).read(trainer)
         if self.check_weights and not self.diverged and not params_finite(pl_module):
-            self._step = last_step(trainer)
-            self.trip(trainer, "non-finite weights")
+            self.trip(trainer, "non-finite weights", last_step(trainer))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -118,14 +141,15 @@ class DivergenceGuard(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check_weights(trainer, pl_module)
 
-    def trip(self, trainer: L.Trainer, reason: str) -> None:
-        """Mark the run diverged at the current step (in RunTotals too) and stop it."""
-        self.diverged, self.step, self.reason = True, self._step, reason
+    def trip(self, trainer: L.Trainer, reason: str, step: int | None = None) -> None:
+        """Mark the run diverged at ``step`` (default: the current one; in RunTotals too) and stop it."""
+        step = self._step if step is None else step
+        self.diverged, self.step, self.reason = True, step, reason
         trainer.should_stop = True
         totals = RunTotals.of(trainer)
         totals.set("stopped_early", True)
-        totals.set("diverged_step", self._step)
+        totals.set("diverged_step", step)
         totals.set("diverged_reason", reason)
-        log_metrics(trainer, {DIVERGED: 1.0}, self._step)
-        rank_zero_warn(f"run diverged at step {self._step}: {reason}; stopping, checkpoints kept as they are")
+        log_metrics(trainer, {DIVERGED: 1.0}, step)
+        rank_zero_warn(f"run diverged at step {step}: {reason}; stopping, checkpoints kept as they are")
 

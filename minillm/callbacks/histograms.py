@@ -13,17 +13,20 @@ from torch import Tensor, nn
 
 from minillm.callbacks.common import Observer, eager, last_step
 from minillm.callbacks.probe import NORM_TYPES
+from minillm.callbacks.reads import DeviceReads
 from minillm.errors import check_int
 from minillm.metrics import hist_metric
 
 BINS = 64
 
 
-def histogram(values: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+def histogram(values: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(counts, bin edges) of the finite values, in float64; None when there is none. Constant values (a gain
     that has not moved yet) or values a float32 step apart get one bin of width 1e-6 around them instead of
     numpy's refusal; non-finite values (a diverged run) are left out."""
-    data = values.detach().double().flatten().cpu().numpy()
+    if isinstance(values, Tensor):
+        values = values.detach().double().cpu().numpy()
+    data = np.asarray(values, dtype=np.float64).reshape(-1)
     data = data[np.isfinite(data)]
     if data.size == 0:
         return None
@@ -40,7 +43,8 @@ class NormHistograms(Observer):
     """Every ``every_n_steps`` steps, per norm site: a histogram of the effective gain and one of a sample of
     the inputs (``max_values`` values of the step's first micro-batch). W&B only: without a W&B logger it does
     nothing (the CSV log has the sites' summary statistics, ``norm/<site>/...``). Non-finite values are left
-    out of a histogram; a site whose values are all non-finite logs none."""
+    out of a histogram; a site whose values are all non-finite logs none. The values stay on the device until the
+    next logging step reads them with everything else (DeviceReads)."""
 
     def __init__(self, every_n_steps: int = 200, max_values: int = 4096):
         check_int("callbacks.histograms.every_n_steps", every_n_steps, low=1)
@@ -68,7 +72,7 @@ class NormHistograms(Observer):
     @torch.no_grad()
     def _keep_input(self, name: str, module: nn.Module, args: tuple) -> None:
         if name not in self._inputs:  # the first micro-batch's
-            self._inputs[name] = args[0].detach().flatten()[: self.max_values].float().cpu()
+            self._inputs[name] = args[0].detach().flatten()[: self.max_values].float().clone()  # not a view
 
     def release(self, pl_module: L.LightningModule | None) -> None:
         for handle in self._handles:
@@ -82,17 +86,22 @@ class NormHistograms(Observer):
         if not self._handles or (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
         self.release(pl_module)
-        import wandb
-
-        model = getattr(pl_module, "model", pl_module)
-        logged: dict[str, Any] = {}
+        model, step, reads = getattr(pl_module, "model", pl_module), last_step(trainer), DeviceReads.of(trainer)
+        host: dict[str, np.ndarray] = {}
         for name, module in model.named_modules():
             if name not in self._inputs:
                 continue
             gain = module.gain() if hasattr(module, "gain") else getattr(module, "weight", None)
             for kind, values in (("input", self._inputs[name]), ("gain", gain)):
-                hist = histogram(values) if values is not None else None
-                if hist is not None:
-                    logged[hist_metric(name, kind)] = wandb.Histogram(np_histogram=hist)
+                if values is not None:
+                    key = hist_metric(name, kind)
+                    reads.put(values.detach().float().flatten(), lambda v, key=key: host.__setitem__(key, v))
         self._inputs.clear()
-        self._wandb(trainer).experiment.log({**logged, "trainer/global_step": last_step(trainer)})
+        reads.after_read(lambda: self._log(trainer, host, step))
+
+    def _log(self, trainer: L.Trainer, host: dict[str, Any], step: int) -> None:
+        import wandb
+
+        logged = {key: wandb.Histogram(np_histogram=hist) for key, values in host.items()
+                  if (hist := histogram(np.atleast_1d(values))) is not None}
+        self._wandb(trainer).experiment.log({**logged, "trainer/global_step": step})

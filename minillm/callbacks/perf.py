@@ -28,6 +28,7 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from minillm.callbacks.common import Observer
+from minillm.callbacks.reads import DeviceReads, logging_step
 from minillm.errors import check_bool, check_number
 from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TOKENS_PER_S_DEVICE
 from minillm.model import ModelConfig, Transformer
@@ -93,8 +94,9 @@ def _compute_dtype(precision: str) -> torch.dtype:
 class PerfMonitor(Observer):
     """Logs the ``perf/*`` metrics of this module's docstring every ``trainer.log_every_n_steps`` steps.
 
-    Per step it only reads a clock twice; on logging steps it synchronizes CUDA once (so the time includes
-    the queued work). FLOPs per batch are counted once, when training starts. Validation is not counted.
+    Per step it only reads a clock twice; on logging steps the clock is read after the step's one device read
+    (DeviceReads: a synchronization, so the time includes the queued work). FLOPs per batch are counted once, when
+    training starts. Validation is not counted.
     ``peak_flops`` overrides the device peak (FLOP/s per device; e.g. a CPU's measured matmul peak).
     """
 
@@ -145,13 +147,15 @@ class PerfMonitor(Observer):
         self._batches += 1
         self._samples += x.shape[0]
         self._tokens += x.numel()
-        log_now = (trainer.global_step % trainer.log_every_n_steps == 0
-                   and (batch_idx + 1) % trainer.accumulate_grad_batches == 0)
-        if log_now and trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize()
+        if logging_step(trainer, batch_idx):  # the clock after the step's one device read: the queued work is done
+            DeviceReads.of(trainer).after_read(lambda: self._step_end(trainer, log=True))
+        else:
+            self._step_end(trainer, log=False)
+
+    def _step_end(self, trainer: L.Trainer, log: bool) -> None:
         self._t_end = time.perf_counter()
         self._busy += self._t_end - self._t_start
-        if log_now:
+        if log:
             self._log(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -175,8 +175,9 @@ class ActivationProbe:
         self.values[layer_metric(i, "attn_entropy_min")].append(entropy.amin())
         self.values[layer_metric(i, "attn_entropy_mean")].append(entropy.mean())
 
-    def collect(self) -> dict[str, float]:
-        """Aggregate what the hooks recorded (max for maxima, mean otherwise), then clear; one device sync."""
+    def collect_tensors(self) -> dict[str, Tensor]:
+        """Aggregate what the hooks recorded (max for maxima, mean otherwise) and the sites' gains, then clear; on
+        the device (StabilityMonitor reads them with the step's other values)."""
         keys = sorted(self.values)
         agg = [torch.stack(self.values[k]).amax() if is_max_metric(k) else torch.stack(self.values[k]).mean()
                for k in keys]
@@ -191,9 +192,15 @@ class ActivationProbe:
                 keys.append(norm_metric(name, "alpha"))
                 agg.append(alpha.detach().float().reshape(()))
         self.values.clear()
-        if not agg:
+        return dict(zip(keys, agg, strict=True))
+
+    def collect(self) -> dict[str, float]:
+        """collect_tensors, read in one device sync."""
+        tensors = self.collect_tensors()
+        if not tensors:
             return {}
-        return dict(zip(keys, torch.stack([a.to(agg[0].device) for a in agg]).tolist(), strict=True))
+        device = next(iter(tensors.values())).device
+        return dict(zip(tensors, torch.stack([t.to(device) for t in tensors.values()]).tolist(), strict=True))
 
 
 def _rms(x: Tensor) -> Tensor:

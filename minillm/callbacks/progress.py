@@ -1,7 +1,9 @@
 """Progress output: a rich bar on a terminal, plain log lines elsewhere (a SLURM .out file, nohup, CI).
 
 ``progress_bar(mode="auto")`` picks by whether stdout is a terminal. The plain lines go through logging (so
-they are in train.log too), at most every ``interval_s`` seconds plus the first and the last step:
+they are in train.log too), on the steps that log metrics (every trainer.log_every_n_steps), at most every
+``interval_s`` seconds, plus the first of those steps and the end of training. Neither reads the device on any
+other step: the train loss they show is read with the step's other values (DeviceReads).
 
     step 400/1600 (25%) | train/loss 1.9310 | lr 2.97e-03 | 14.6k tok/s | elapsed 0:01:02 | ETA 0:03:07
 
@@ -22,6 +24,7 @@ from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
 from minillm import _compat
 from minillm.callbacks.common import Observer, train_loss
+from minillm.callbacks.reads import DeviceReads, logging_step
 from minillm.errors import check_choice, check_number
 from minillm.metrics import TRAIN_LOSS
 
@@ -78,6 +81,12 @@ class RichBar(RichProgressBar, Observer):
     this epoch's batches against the steps left, which reads 940/61 after a resume mid-epoch and mixes
     micro-batches with steps under gradient accumulation). Log lines print above the bar."""
 
+    _shown: dict[str, float]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown = {}  # the train loss of the last logging step
+
     def _by_steps(self) -> bool:
         trainer = self.trainer
         return trainer.max_epochs is not None and trainer.max_epochs < 0 and (trainer.max_steps or 0) > 0
@@ -95,6 +104,12 @@ class RichBar(RichProgressBar, Observer):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self._by_steps() and self.progress is not None and self.train_progress_bar_id is not None:
             self.progress.update(self.train_progress_bar_id, completed=trainer.global_step)
+        loss = train_loss(outputs, trainer)
+        if loss is not None and logging_step(trainer, batch_idx):  # the loss shown: read with the step's values
+            DeviceReads.of(trainer).put(loss, lambda v: self._shown.update({TRAIN_LOSS: v}))
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        return {**super().get_metrics(trainer, pl_module), **self._shown}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -116,6 +131,7 @@ class LogProgress(ProgressBar, Observer):
         self._step0 = self._step_line = 0
         self._tokens = 0
         self._t_val: float | None = None
+        self._last_loss: Any = None  # the last step's train loss, on the device
 
     def disable(self) -> None:
         self._enabled = False
@@ -132,19 +148,34 @@ class LogProgress(ProgressBar, Observer):
                            batch_idx: int) -> None:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         self._tokens += x.numel() * trainer.world_size
-        step, now = trainer.global_step, time.monotonic()
-        due = step == self._step0 + 1 or step >= trainer.max_steps or now - self._t_line >= self.interval_s
-        if not (self._enabled and trainer.is_global_zero and due and step > self._step_line):
-            return
-        loss = trainer.callback_metrics.get(TRAIN_LOSS, train_loss(outputs, trainer))
-        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else math.nan
-        rate = self._tokens / max(now - self._t_line, 1e-9)
-        per_step = (now - self._t0) / max(step - self._step0, 1)
-        total = trainer.max_steps if trainer.max_steps > 0 else step
-        log.info(f"step {step}/{total} ({100 * step / total:.0f}%) | train/loss {float(loss):.4f} | lr {lr:.2e} | "
-                 f"{rate / 1e3:.1f}k tok/s | elapsed {_clock(now - self._t0)} | "
-                 f"ETA {_clock(per_step * (total - step))}")
+        self._last_loss = train_loss(outputs, trainer)
+        now = time.monotonic()
+        due = self._step_line == self._step0 or now - self._t_line >= self.interval_s
+        if (self._enabled and trainer.is_global_zero and due and logging_step(trainer, batch_idx)
+                and self._last_loss is not None):
+            self._line(trainer, self._last_loss, now)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The last line, when the last step's is not printed yet (read at the end: no step waits for it)."""
+        pending = trainer.global_step > self._step_line and self._last_loss is not None
+        if self._enabled and trainer.is_global_zero and pending:
+            self._line(trainer, self._last_loss, time.monotonic())
+
+    def _line(self, trainer: L.Trainer, loss: Any, now: float) -> None:
+        """Log the line of this step once its loss is read (with the step's other values)."""
+        step, tokens, t_line = trainer.global_step, self._tokens, self._t_line
         self._t_line, self._step_line, self._tokens = now, step, 0
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else math.nan
+
+        def show(value: float) -> None:
+            rate = tokens / max(now - t_line, 1e-9)
+            per_step = (now - self._t0) / max(step - self._step0, 1)
+            total = trainer.max_steps if trainer.max_steps > 0 else step
+            log.info(f"step {step}/{total} ({100 * step / total:.0f}%) | train/loss {value:.4f} | lr {lr:.2e} | "
+                     f"{rate / 1e3:.1f}k tok/s | elapsed {_clock(now - self._t0)} | "
+                     f"ETA {_clock(per_step * (total - step))}")
+
+        DeviceReads.of(trainer).put(loss, show)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t_val = time.monotonic()

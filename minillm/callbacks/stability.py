@@ -11,19 +11,20 @@ docs/definitions.md says what each one measures.
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
-from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from minillm import _compat
 from minillm.callbacks.common import Observer, eager, find_callback, log_metrics, train_loss
 from minillm.callbacks.probe import ActivationProbe
+from minillm.callbacks.reads import DeviceReads
 from minillm.callbacks.run_totals import RunTotals
 from minillm.callbacks.spike import SpikeCapture
 from minillm.errors import check_bool, check_int, check_number
@@ -44,6 +45,8 @@ from minillm.metrics import (
     UPDATE_RATIO,
     layer_metric,
 )
+
+_GRAD_TOTAL = "_grad_total"  # the step's total gradient norm, for the gradient-norm spike detector (not logged)
 
 
 class LossSpikeDetector:
@@ -187,7 +190,7 @@ class StabilityMonitor(Observer):
             total = get_total_norm(grads, 2.0)
             self.totals.add("nonfinite_grad_steps", (~total.isfinite()).long())  # inf or NaN gradients
             self.totals.record_max("max_grad_norm", total)  # after unscaling, before clipping
-            self._grad_total = total  # scored in on_train_batch_end, read with the loss
+            self._grad_total = total  # scored with the loss when the logging step reads them
         if not self._measure:
             return
         if self.probe is not None:
@@ -195,23 +198,14 @@ class StabilityMonitor(Observer):
         model = getattr(pl_module, "model", pl_module)
         params = self._params(model)
         self._weight_norms(params)
-        norms = grad_norm(model, 2.0)  # {"grad_2.0_norm/<param>": tensor, "grad_2.0_norm_total": tensor}
-        if "grad_2.0_norm_total" in norms:
-            self._pending[GRAD_NORM] = norms.pop("grad_2.0_norm_total")
-        per_layer: dict[int, list[Tensor]] = defaultdict(list)
-        for name, layer, _ in params:
-            if layer is not None and f"grad_2.0_norm/{name}" in norms:
-                per_layer[layer].append(norms[f"grad_2.0_norm/{name}"])
-        for i, values in per_layer.items():
-            self._pending[layer_metric(i, "grad_norm")] = torch.stack(values).norm()
-        nonfinite = 0  # counted element-wise only when the total norm, then a parameter's norm, is not finite
-        total = self._pending.get(GRAD_NORM)
-        if total is not None and not math.isfinite(float(total)):
-            for name, _, p in params:
-                value = norms.get(f"grad_2.0_norm/{name}")
-                if value is not None and not math.isfinite(float(value)):
-                    nonfinite += int((~p.grad.isfinite()).sum())
-        self._pending[GRAD_NONFINITE] = torch.tensor(float(nonfinite))
+        with_grad = [(layer, p.grad) for _, layer, p in params if p.grad is not None]
+        if with_grad:  # per parameter, on the device: the total, each block's, and the non-finite elements
+            norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for _, g in with_grad])
+            self._pending[GRAD_NORM] = norms.norm()
+            layers = torch.tensor([-1 if layer is None else layer for layer, _ in with_grad], device=norms.device)
+            for i in sorted({layer for layer, _ in with_grad if layer is not None}):
+                self._pending[layer_metric(i, "grad_norm")] = norms[layers == i].norm()
+            self._pending[GRAD_NONFINITE] = torch.stack([(~g.isfinite()).sum() for _, g in with_grad]).sum().float()
         if self.update_ratio:
             self._w_before = [p.detach().clone() for _, _, p in params]
         if self._probe_x is not None:
@@ -261,42 +255,64 @@ class StabilityMonitor(Observer):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        metrics: dict[str, float] = {}
-        report = self._measure and self._stepped  # the measured step is complete (last micro-batch)
+        """This micro-batch's values (the loss, the gradient norm, and on a measured step every metric) go to the
+        device read of the next logging step (DeviceReads), where _arrived scores and logs them at their own step; a
+        step the spike capture keeps is read at once (it acts on the step)."""
+        values: dict[str, Tensor] = {}
         loss = train_loss(outputs, trainer)
-        logs = self._log_step and self._stepped  # a measured step of the logging cadence
-        scores: dict[str, float] = {}
         if loss is not None:
-            scalars = [loss.detach().float()]
+            values[TRAIN_LOSS] = loss.detach().float()
             if self._stepped and self._grad_total is not None:
-                scalars.append(self._grad_total.detach().float().to(scalars[0].device))
-            read = torch.stack(scalars).tolist()  # one device sync for both
-            scores.update(self._score(self.spikes, read[0], LOSS_SPIKE_SCORE, LOSS_SPIKES, "spike_count"))
-            if len(read) > 1:
-                scores.update(self._score(self.grad_spikes, read[1], GRAD_NORM_SPIKE_SCORE, GRAD_NORM_SPIKES,
-                                          "grad_spike_count"))
-            scores[TRAIN_LOSS] = read[0]
-            spiked = scores.pop("spike", False)
-            metrics.update({k: v for k, v in scores.items() if k != TRAIN_LOSS and (logs or spiked)})
+                values[_GRAD_TOTAL] = self._grad_total
+        report = self._measure and self._stepped  # the measured step is complete (last micro-batch)
         if self._stepped and self.scaler is not None:
             scale = _compat.grad_scaler_scale(self.scaler)
             if scale is not None and self._scale_before is not None:
                 self.totals.add("skipped_steps", (scale < self._scale_before).long())  # backoff: inf/NaN found
-            if report:
-                metrics[AMP_SCALE] = float(self.scaler.get_scale())
-                self.totals.set("amp_scale", metrics[AMP_SCALE])
-                metrics[AMP_SKIPPED_STEPS] = float(self.totals.get("skipped_steps", 0))
+            if report and scale is not None:
+                values[AMP_SCALE] = scale
+                values[AMP_SKIPPED_STEPS] = torch.as_tensor(self.totals.get("skipped_steps", 0))
         if report:
-            measured = self._measured(pl_module)
-            if self._record:
-                self.history.record(self._step, {**scores, **metrics, **measured})
-            if self._log_step:
-                metrics.update(measured)
-        if metrics:
-            log_metrics(trainer, metrics, self._step)
+            values.update(self._measured(pl_module))
+        if values:
+            names, step = list(values), self._step
+            flags = dict(logs=self._log_step and self._stepped, record=self._record, report=report)
+            device = values[names[0]].device
+            stacked = torch.stack([v.detach().float().reshape(()).to(device) for v in values.values()])
+            DeviceReads.of(trainer).put(stacked, lambda v: self._arrived(trainer, step, names, v, **flags),
+                                        urgent=self._record)
         if self._stepped:
             self._reset_step()
             eager(pl_module, self, False)
+
+    def _arrived(self, trainer: L.Trainer, step: int, names: list[str], values: Any, logs: bool, record: bool,
+                 report: bool) -> None:
+        """One step's values, read: the spike scores (every step), the measured metrics (measured steps), logged
+        at the step they describe."""
+        read = dict(zip(names, np.atleast_1d(values).tolist(), strict=True))
+        metrics: dict[str, float] = {}
+        scores: dict[str, Any] = {}
+        if TRAIN_LOSS in read:
+            scores.update(self._score(self.spikes, read[TRAIN_LOSS], LOSS_SPIKE_SCORE, LOSS_SPIKES, "spike_count"))
+            if _GRAD_TOTAL in read:
+                scores.update(self._score(self.grad_spikes, read[_GRAD_TOTAL], GRAD_NORM_SPIKE_SCORE,
+                                          GRAD_NORM_SPIKES, "grad_spike_count"))
+            scores[TRAIN_LOSS] = read[TRAIN_LOSS]
+            spiked = scores.pop("spike", False)
+            metrics.update({k: v for k, v in scores.items() if k != TRAIN_LOSS and (logs or spiked)})
+        if AMP_SCALE in read:
+            metrics[AMP_SCALE], metrics[AMP_SKIPPED_STEPS] = read[AMP_SCALE], read[AMP_SKIPPED_STEPS]
+            self.totals.set("amp_scale", metrics[AMP_SCALE])
+        if report:
+            step_values = (TRAIN_LOSS, _GRAD_TOTAL, AMP_SCALE, AMP_SKIPPED_STEPS)
+            measured = {k: v for k, v in read.items() if k not in step_values}
+            self._summarize(measured)
+            if record:
+                self.history.record(step, {**scores, **metrics, **measured})
+            if logs:
+                metrics.update(measured)
+        if metrics:
+            log_metrics(trainer, metrics, step)
 
     def _score(self, detector: LossSpikeDetector, value: float, score_name: str, count_name: str,
                total: str) -> dict[str, Any]:
@@ -311,23 +327,17 @@ class StabilityMonitor(Observer):
             out["spike"] = True
         return out
 
-    def _measured(self, pl_module: L.LightningModule) -> dict[str, float]:
-        """The measured step's metrics (one device sync), its derived maxima folded into the run totals."""
-        metrics: dict[str, float] = {}
+    def _measured(self, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        """The measured step's metrics, on the device (read with the rest at the next logging step)."""
         tensors = dict(self._pending)
         if self._w_before is not None:
             tensors.update(self._update_ratios(getattr(pl_module, "model", pl_module)))
         if self._logp_before is not None:
             after = self._probe_logp(getattr(pl_module, "model", pl_module))
             tensors[OUTPUT_CHANGE] = (after - self._logp_before).pow(2).mean().sqrt()
-        if tensors:
-            keys = list(tensors)
-            values = torch.stack([tensors[k].detach().float().cpu() for k in keys]).tolist()
-            metrics.update(zip(keys, values, strict=True))
         if self.probe is not None:
-            metrics.update(self.probe.collect())
-        self._summarize(metrics)
-        return metrics
+            tensors.update(self.probe.collect_tensors())
+        return tensors
 
     def _summarize(self, metrics: dict[str, float]) -> None:
         """Add the step's derived maxima to metrics and fold them into the run totals."""

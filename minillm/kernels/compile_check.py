@@ -52,7 +52,7 @@ def cases(hidden=HIDDEN) -> list[tuple]:
             out.append((f"{add}fwd" + "_loop" * looped, fwd, n, dict(BLOCK=block, RESIDUAL=residual),
                         K._num_warps(block), ints))
             if n <= K.MAX_ONEPASS_HIDDEN:
-                rows, warps, _per_sm, stages = K.bwd_config(n)
+                rows, warps, _per_sm, stages = K.bwd_config(n, residual)
                 out.append((f"{add}bwd", K._bwd_kernel, n, dict(BLOCK=triton.next_power_of_2(n), ROWS=rows,
                                                                  STAGES=stages, RESIDUAL=residual), warps, ints))
             if n > K.MAX_ONEPASS_HIDDEN or n in TWO_KERNEL_ALSO:

@@ -12,9 +12,11 @@ Kernel layout (docs/kernels.md has the reasoning and the traps):
             (fp32, one per row). Rows wider than MAX_FUSED_HIDDEN loop over LOOP_BLOCK chunks in two passes.
   backward  one pass: a persistent grid of P programs (bwd_config: programs per SM x SMs), each walking blocks
             of ROWS rows; x and dy are read once per row, x_hat is recomputed from the saved rstd, dx is
-            written to a new tensor (never over dy) and dW += dy * x_hat accumulates in fp32 registers. Each
-            program writes its row of a (P, hidden) fp32 buffer (every row written, zeros when it had no rows);
-            one fp32 sum(0), then a cast to the weight dtype. Bytes: read x, dy (2*M*N*es), write dx (M*N*es).
+            written to a new tensor (never over dy) and dW += dy * x_hat accumulates in one [BLOCK] row of fp32
+            registers (each block of rows summed into it). Each program writes its row of a (P, hidden) fp32
+            buffer (every row written, zeros when it had no rows); one fp32 sum(0), then a cast to the weight
+            dtype. The fused residual add's variant has its own tunables (ADD_BWD_CONFIGS). Bytes: read x, dy
+            (2*M*N*es), write dx (M*N*es).
   wide rows above MAX_ONEPASS_HIDDEN (16384: the dW accumulator spills there already, yet one pass measured
             faster): a dx kernel (one row per program, looped over LOOP_BLOCK chunks when wider than
             MAX_FUSED_HIDDEN) and a dW kernel on a grid of (row groups x column tiles); they read x and dy twice
@@ -62,18 +64,20 @@ DW_PROGRAMS_PER_SM = 4  # wide-row dW grid per SM: 72 registers x 128 threads wo
 INTERPRETER_SMS = 4  # stand-in SM count under TRITON_INTERPRET=1
 
 # One-pass backward tunables by row block (BLOCK = next pow2 >= hidden, up to MAX_ONEPASS_HIDDEN):
-# (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES). Each thread holds
-# ROWS * BLOCK / (32 * num_warps) = 8-16 elements of x, of dy and of the fp32 dW accumulator. Programs per SM:
-# what one SM's 64K registers hold, from the register count of an offline sm_90 compile of the kernel as it
-# is launched (bf16, 16-byte aligned pointers and strides), capped at 4: 92 / 113 / 96 / 64 / 107 / 110 / 64
-# registers from BLOCK 256 to 16384 with Triton 3.9 (the fused add's variant: 96 / 100 / 114 / 64 / 111 / 107 /
-# 64); tests/test_kernels.py::test_kernels_compile_for_sm90 prints them, and fails on a spill (but the one at
-# 16384, below) or on programs per SM that do not fit. STAGES > 1 would prefetch the next rows into shared memory
-# (cp.async) while the current row is reduced; timed on an H200 (bench.py --mode tune, M 32K, bf16, Triton
-# 3.6) it lost to STAGES = 1 in every pair: 0.2544 -> 0.2477 ms at 4096 (8 warps, 2 per SM) and 0.5474 ->
-# 0.5121 ms at 8192 (16 warps, 1 per SM); the configs below were the fastest measured, or within 1% of it, at
-# every width timed (1024-16384; experiments/benchmarks/gpu/results/NVIDIA-H200.md). Set MAX_ONEPASS_HIDDEN =
-# 8192 to give hidden 16384 the two-kernel path again on a GPU where the spilling one-pass kernel is slower.
+# (largest BLOCK, ROWS per iteration, num_warps, programs per SM, STAGES), one table per variant: BWD_CONFIGS for
+# the plain backward, ADD_BWD_CONFIGS for the fused residual add's (it also reads dh, so what hides its memory
+# latency differs; configs tuned on the plain kernel alone made it 8-12% slower at 4096 and 8192 on an H200).
+# Each thread holds ROWS * BLOCK / (32 * num_warps) elements of x and of dy; the fp32 dW partial is one [BLOCK] row
+# per program whatever ROWS is. Programs per SM: what one SM's 64K registers hold, from the register count of an
+# offline sm_90 compile of the kernel as it is launched (bf16, 16-byte aligned pointers and strides), capped at 4;
+# tests/test_kernels.py::test_kernels_compile_for_sm90 prints them and fails on a spill (but the one at 16384,
+# below) or on programs per SM that do not fit. STAGES > 1 prefetches the next rows into shared memory (cp.async)
+# while the current row is reduced. The tables hold what the H200 tune (bench.py --mode tune, M 32K, bf16,
+# Triton 3.6) measured fastest, or within 1% of it: for the plain kernel STAGES 1 everywhere; for the fused add
+# the configs it ran fastest with, STAGES 2 at 4096 and 8192 (experiments/benchmarks/kernels/README.md#results).
+# The tune times both variants of every candidate in one run and marks each variant's best. Set
+# MAX_ONEPASS_HIDDEN = 8192 to give hidden 16384 the two-kernel path again on a GPU where the spilling one-pass
+# kernel is slower.
 BWD_CONFIGS = (
     (256, 8, 4, 4, 1),
     (512, 4, 4, 4, 1),
@@ -81,8 +85,17 @@ BWD_CONFIGS = (
     (2048, 1, 8, 4, 1),
     (4096, 1, 8, 2, 1),
     (8192, 1, 16, 1, 1),
-    (16384, 1, 32, 1, 1),  # spills 212 bytes per thread (220 with the add; sm_90), but on an H200 (M 32K) 1.233 ms
-)  # against the two-kernel path's 1.374, and 1.396 against 1.602 with the fused add's gradient
+    (16384, 1, 32, 1, 1),  # spills 212 bytes per thread (sm_90), yet on an H200 faster than the two-kernel path
+)
+ADD_BWD_CONFIGS = (
+    (256, 8, 4, 4, 1),
+    (512, 4, 4, 4, 1),
+    (1024, 2, 4, 4, 1),
+    (2048, 1, 8, 4, 1),
+    (4096, 1, 8, 2, 2),
+    (8192, 1, 16, 1, 2),
+    (16384, 1, 32, 1, 1),  # spills 220 bytes per thread (sm_90), yet on an H200 faster than the two-kernel path
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,10 +194,11 @@ def _row_block(n: int) -> tuple[int, bool]:
     return LOOP_BLOCK, True
 
 
-def bwd_config(n: int) -> tuple[int, int, int, int]:
-    """(ROWS per iteration, num_warps, programs per SM, STAGES) of the one-pass backward for rows of n elements."""
+def bwd_config(n: int, residual: bool = False) -> tuple[int, int, int, int]:
+    """(ROWS per iteration, num_warps, programs per SM, STAGES) of the one-pass backward for rows of n elements, of
+    the fused residual add's variant with ``residual``."""
     block = triton.next_power_of_2(n)
-    for max_block, *config in BWD_CONFIGS:
+    for max_block, *config in ADD_BWD_CONFIGS if residual else BWD_CONFIGS:
         if block <= max_block:
             return tuple(config)
     raise ValueError(f"no one-pass backward config for hidden {n} (> {BWD_CONFIGS[-1][0]})")
@@ -270,7 +284,7 @@ def _bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, cas
     llama = cast == "llama"
     with _on_device_of(x):
         if n <= MAX_ONEPASS_HIDDEN:
-            config = bwd_config(n)
+            config = bwd_config(n, dh2d is not None)
             programs = min(config[2] * _num_sms(x.device), triton.cdiv(m, config[0]))
             partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)  # (P, N)
             _launch_bwd(dy2d, x2d, weight, rstd, dx.view(-1, n), partial, offset, llama, config, launch, dh2d)

@@ -93,12 +93,13 @@ if HAS_TRITON:
                     STAGES: tl.constexpr):
         """One pass: program p takes row blocks p, p + P, p + 2P, ... (ROWS rows each) of a grid of P programs,
         writes dx = rstd * (g - x_hat * mean(g * x_hat)) (+ dh), g = dy * gain, and PARTIAL[p] = sum of
-        dy * x_hat."""
+        dy * x_hat. The dW partial is one [BLOCK] row of fp32 registers whatever ROWS is: each block of rows is
+        summed into it as it goes, so more rows in flight cost registers for their x and dy only."""
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         col_mask = cols < N
         gain = _gain(W, cols, col_mask, offset, X.dtype.element_ty, LLAMA)  # (BLOCK,)
-        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
         for r0 in tl.range(pid * ROWS, M, tl.num_programs(0) * ROWS, num_stages=STAGES):
             rows = (r0 + tl.arange(0, ROWS)).to(tl.int64)  # (ROWS,)
             row_mask = rows < M
@@ -113,9 +114,9 @@ if HAS_TRITON:
             if RESIDUAL:
                 dx += tl.load(DH + rows[:, None] * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-            acc += dy * _out(x_hat, 1.0, X.dtype.element_ty, LLAMA)
+            acc += tl.sum(dy * _out(x_hat, 1.0, X.dtype.element_ty, LLAMA), axis=0)  # (BLOCK,)
         # every program writes its row, zeros when it had no rows: the buffer can come from torch.empty
-        tl.store(PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_mask)
+        tl.store(PARTIAL + pid.to(tl.int64) * N + cols, acc, mask=col_mask)
 
     @triton.jit
     def _bwd_dx_kernel(DY, DH, X, W, RSTD, DX, stride_dy, stride_dh, stride_x, stride_dx, N, offset,

@@ -25,8 +25,9 @@ IMPLS = ("auto", "reference", "torch", "compiled", "triton")
 # What auto runs, per device type and norm, in order of preference (the first the norm's options and the machine
 # allow; a norm not listed runs its reference), fp32 and bf16 alike. The CPU row from the norm-implementation
 # benchmark (experiments/, its results say the machine); CUDA's RMSNorm from the kernel benchmark on an H200
-# (experiments/benchmarks/kernels: forward+backward 1.5-1.8x F.rms_norm, 13-15x the reference, bf16), its
-# LayerNorm torch's fused kernel (timed there against the RMSNorm kernels, not against a compiled LayerNorm).
+# (experiments/benchmarks/kernels/README.md#results: faster than F.rms_norm and the reference forward+backward at
+# every judged shape, bf16), its LayerNorm torch's fused kernel (timed there against the RMSNorm kernels, not
+# against a compiled LayerNorm).
 # Compiled composites are left to be asked for (norm_impl=compiled, or model.compile=true, which fuses every norm
 # with the rest of the model): they cost a compile at start and at every new shape. So on a CPU, where torch has
 # a fused LayerNorm but no fused RMSNorm, RMSNorm runs its reference unless compiled.

@@ -19,6 +19,7 @@ from helpers import ROOT, compose_cfg, logged, read_rows
 import minillm.train as train_script
 from minillm.callbacks import Checkpoint, DivergenceGuard, RunTotals, params_finite
 from minillm.callbacks.divergence import weights_norm
+from minillm.callbacks.reads import DeviceReads
 from minillm.report import write_report
 
 
@@ -26,11 +27,12 @@ def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
     totals = RunTotals()
     trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, callbacks=[totals], loggers=[])
     module = torch.nn.Linear(2, 2)
-    guard = DivergenceGuard(max_loss=6.0, patience=3)
+    guard, reads = DivergenceGuard(max_loss=6.0, patience=3), DeviceReads.of(trainer)
     for step, loss in enumerate([5.0, 9.0, 9.0, 4.0, 9.0, 9.0, 9.0, 9.0]):
         trainer.global_step = step
         guard.on_train_batch_start(trainer, module, None, step)
         guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, step)
+        reads.read(trainer)  # every step logs here: each is judged at its end
         if guard.diverged:
             break
     assert (guard.diverged, guard.step, trainer.should_stop) == (True, 6, True)
@@ -39,8 +41,11 @@ def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():
     assert Checkpoint()._diverged(trainer)  # minillm's ModelCheckpoint writes nothing from now on
     guard = DivergenceGuard(max_loss=None, max_loss_factor=None)
     guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(1e30)}, None, 0)
+    reads.read(trainer)
     assert not guard.diverged  # no ceiling: only non-finite values stop
-    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("inf"))}, None, 0)
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(float("inf"))}, None, 1)
+    assert not guard.diverged  # read at the next logging step, then judged
+    reads.read(trainer)
     assert guard.diverged and "non-finite train loss" in guard.reason
 
 
@@ -72,7 +77,8 @@ def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_pat
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",
            "data.batch_size=4", "data.val_windows=4", "trainer=cpu", "trainer.max_steps=8",
            "trainer.val_check_interval=4", "scheduler.warmup_steps=1", "logger=csv", "callbacks=stability",
-           "callbacks.divergence.patience=2", "test=false", f"paths.cache_dir={tmp_path / 'cache'}",
+           "callbacks.divergence.patience=2", "callbacks.divergence.every_n_steps=1", "test=false",
+           f"paths.cache_dir={tmp_path / 'cache'}",
            f"hydra.sweep.dir={sweep}", "optimizer.lr=1e-2,1e3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -90,7 +96,8 @@ def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_pat
 
 def test_weight_check_is_exact_and_reads_the_device_once_a_step_with_the_loss(monkeypatch):
     """Non-finite weights are found at the step they appear (a NaN, an inf), a huge but finite weight whose square
-    overflows the fused norm is not a divergence, and a step's loss and weight check cost one host read."""
+    overflows the fused norm is not a divergence, and a step's loss and weight check cost no host read until the
+    read of a logging step, which takes them in one transfer."""
     module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     assert params_finite(module)
     reads = []
@@ -100,7 +107,7 @@ def test_weight_check_is_exact_and_reads_the_device_once_a_step_with_the_loss(mo
                                                                                                 _o(self, *a, **k))[1])
     totals = RunTotals()
     trainer = SimpleNamespace(global_step=0, should_stop=False, world_size=1, callbacks=[totals], loggers=[])
-    guard = DivergenceGuard()
+    guard, device = DivergenceGuard(), DeviceReads.of(trainer)
     for step, (where, value) in enumerate([(None, None), (module[1].weight, 1e30), (module[0].bias, float("nan"))]):
         trainer.global_step = step
         if where is not None:
@@ -109,11 +116,37 @@ def test_weight_check_is_exact_and_reads_the_device_once_a_step_with_the_loss(mo
         guard.on_train_batch_start(trainer, module, None, step)
         reads.clear()
         guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(2.0)}, None, step)
+        assert reads == []  # nothing read during the step
+        device.read(trainer)
         if step == 0:
             assert reads == ["tolist"]  # the loss and the weights' norm together
         if step == 1:  # finite, though its square overflows the fused norm: confirmed element-wise, not diverged
             assert not math.isfinite(float(weights_norm(module))) and not guard.diverged
     assert (guard.step, guard.reason) == (2, "non-finite weights after the optimizer step")
+
+
+def test_the_steps_are_judged_at_the_next_logging_step_and_stop_the_run_there(tmp_path, corpus):
+    """A NaN at step 3 (logging every 5 steps): no step reads the device before step 4, whose read judges steps 0-4
+    in order; the run stops there, summary.json names step 3. With every_n_steps=1 it stops at step 3 itself."""
+    for every, stopped in ((None, 5), (1, 4)):
+        cfg = compose_cfg(tmp_path / str(every), corpus, "trainer.max_steps=12", "trainer.val_check_interval=12",
+                          "trainer.log_every_n_steps=5", f"callbacks.divergence.every_n_steps={every or 'null'}",
+                          "+callbacks.poison={_target_:helpers.PoisonGrad,at_step:3}")
+        train_script.train(cfg)
+        summary = json.loads((Path(cfg.paths.output_dir) / "summary.json").read_text())
+        assert (summary["status"], summary["diverged_step"], summary["steps"]) == ("diverged", 3, stopped)
+
+
+def test_a_step_checkpoint_after_an_unread_divergence_is_not_written(tmp_path, corpus):
+    """Step checkpoints every 2 steps, logging every 10, a NaN at step 3: the step-4 checkpoint reads the pending
+    steps first, finds the divergence and is not written; step 2's is kept."""
+    cfg = compose_cfg(tmp_path, corpus, "trainer.max_steps=8", "trainer.val_check_interval=8",
+                      "trainer.log_every_n_steps=10", "callbacks.step_checkpoints.every_n_train_steps=2",
+                      "+callbacks.poison={_target_:helpers.PoisonGrad,at_step:3}")
+    train_script.train(cfg)
+    run = Path(cfg.paths.output_dir)
+    assert json.loads((run / "summary.json").read_text())["diverged_step"] == 3
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*.ckpt")) == ["step-2.ckpt"]
 
 
 def test_the_loss_ceiling_reads_the_models_loss_under_gradient_accumulation(tmp_path, corpus):

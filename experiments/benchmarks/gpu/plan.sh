@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The first run on a CUDA GPU: steps a-d, each under 9 minutes on an H100, run back to back, and e (README.md).
 #
+#   bash experiments/benchmarks/gpu/plan.sh next     # THE NEXT RUN, one command of at most 9 minutes: kernel, loss and
+#                                                    # host-read tests on the GPU, the tune of both backward variants at
+#                                                    # 4K/8K, the judged kernel shapes (every provider, 3 repeats, kernel
+#                                                    # time), the 125M step with the chunked loss at 3 batch sizes;
+#                                                    # at most 8 files in $OUT (README.md, "The next run")
 #   bash experiments/benchmarks/gpu/plan.sh tests    # GPU tests (pytest -m gpu + the kernel suite on CUDA, its sm_90
 #                                                    # compile test), one-pass backward tunables (--mode tune)
 #   bash experiments/benchmarks/gpu/plan.sh kernels  # kernel sweep: fused vs eager, F.rms_norm, torch.compile, Liger
@@ -17,7 +22,7 @@
 # python -m experiments.benchmarks.gpu.merge $OUT. The scripts run as modules from the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-STEP=${1:?usage: plan.sh tests|kernels|train|preset|quick|norms [--dry-run]}
+STEP=${1:?usage: plan.sh next|tests|kernels|train|preset|quick|norms [--dry-run]}
 DRY=$([ "${2:-}" = "--dry-run" ] && echo 1 || true)
 OUT=${OUT:-/tmp/minillm-gpu/$STEP}
 PY=${PYTHON:-python3}
@@ -28,6 +33,7 @@ SMOKE=${DRY:+--smoke}
 status=0
 step() {  # step SECONDS LOGNAME COMMAND...: run with a time limit, log to $OUT, remember a failure
   local limit=$1 name=$2; shift 2
+  [ -z "$DRY" ] || limit=$((limit * 4))  # the dry run checks the plumbing on a slow CPU interpreter, not the time
   echo "== $(date +%T) $* (limit ${limit}s)" | tee -a "$OUT/$name.log"
   timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$name.log"
   local rc=${PIPESTATUS[0]}
@@ -48,21 +54,39 @@ environment() {  # the machine, the versions, the whole pip list
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available()
 and torch.cuda.get_device_name())"; echo "pip list:"; $PY -m pip list 2>/dev/null; } > "$OUT/env.txt" 2>&1
 }
-kernel_tests() {  # SECONDS [pytest options]: the kernel suites on CUDA, the gpu tests, the sm_90 compile report
-  local limit=$1; shift
-  step "$limit" tests $PY -m pytest tests/test_kernels.py tests/test_add_rmsnorm.py -m "gpu or not slow" -q -rfEs \
+kernel_tests() {  # SECONDS LOGNAME [pytest options]: the kernel suites on CUDA, the gpu tests, the sm_90 compile report
+  local limit=$1 name=$2; shift 2
+  step "$limit" "$name" $PY -m pytest tests/test_kernels.py tests/test_add_rmsnorm.py -m "gpu or not slow" -q -rfEs \
     -p no:cacheprovider --junitxml="$OUT/tests.xml" "$@"
 }
 
 case $STEP in
+  next)  # ~8.5 minutes after the wheels; 8 files: env.txt, wheels.log, tests.log, tests.xml, next.log (the other
+    # parts), <device>.json/.md/.png
+    wheels
+    environment
+    only=(-n 8); [ -z "$DRY" ] || only=(-n 2 -k "odd_shapes or chunked_matches_plain_in_fp32 or gpu")  # dry: a few
+    gpu_only=(tests/test_loss.py::test_gpu_bf16_parity_with_the_plain_loss  # the loss and the sync count, on the GPU
+              tests/test_loss.py::test_gpu_compiled_training_step_with_the_chunked_loss
+              tests/callbacks/test_host_reads.py::test_on_a_gpu_a_step_that_logs_nothing_synchronizes_nothing)
+    kernel_tests 145 tests "${gpu_only[@]}" ${only[@]+"${only[@]}"}
+    judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
+    tuned=(--hidden 4096 8192); [ -z "$DRY" ] || tuned=()
+    step 50 next $PY -m experiments.benchmarks.kernels.bench --mode tune "${tuned[@]}" --out "$OUT" $SMOKE
+    graphs=(--graphs-only); [ -z "$DRY" ] || graphs=()  # the dry run's CPU has no CUDA graphs: its eager timings
+    step 120 next $PY -m experiments.benchmarks.kernels.bench --mode kernels --use-tuned "${graphs[@]}" --rep-ms 40 \
+      --repeats 3 "${judged[@]}" --providers fused F.rms_norm torch.compile liger fused_add add+fused --out "$OUT" \
+      $SMOKE ${DRY:+--no-compile}
+    step 180 next $PY -m experiments.benchmarks.kernels.bench --mode train --train-matrix loss --train-steps 20 \
+      --out "$OUT" $SMOKE ${DRY:+--no-compile} ;;
   tests)
     environment
-    kernel_tests 300
+    kernel_tests 300 tests
     step 150 tune $PY -m experiments.benchmarks.kernels.bench --mode tune --out "$OUT" $SMOKE ;;
   quick)  # ~8.5 minutes, when time is short: the judged part of tests, kernels and train (no tune, no M = 4K, no preset)
     [ -d wheelhouse ] && wheels
     environment  # after the wheels: the pip list names what the run imports
-    kernel_tests 150 -n 8  # 110 s on an H200
+    kernel_tests 150 tests -n 8  # 110 s on an H200
     judged=(--rows 16384 65536 --hidden 2048 4096 8192); [ -z "$DRY" ] || judged=()  # the dry run: tiny shapes
     step 150 kernels $PY -m experiments.benchmarks.kernels.bench --mode kernels "${judged[@]}" --out "$OUT" $SMOKE \
       ${DRY:+--no-compile}
@@ -100,7 +124,7 @@ print(0.02 * statistics.median(rates) if rates else 'none')" "$sweep")
           --metric steady_tokens_per_s --higher-is-better --margin "$margin" --out "$OUT/norms_speed"
       fi
     fi ;;
-  *) echo "unknown step $STEP: tests | kernels | train | preset | quick | norms" >&2; exit 2 ;;
+  *) echo "unknown step $STEP: next | tests | kernels | train | preset | quick | norms" >&2; exit 2 ;;
 esac
 echo "== $STEP done (status $status); files in $OUT:"; ls -la "$OUT"
 exit $status

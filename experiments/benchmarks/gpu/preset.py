@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.benchmarks.kernels.record import run_record
 from experiments.common.failure import failure, tail
 from experiments.common.layout import ROOT
 from minillm.metrics import DATA_WAIT_FRAC, FLOPS_PER_S_DEVICE, MFU, TOKENS_PER_S, TRAIN_LOSS
@@ -59,7 +60,8 @@ def run_one(compiled: bool, stability: bool, steps: int, dry: bool, workdir: Pat
     cmd = [sys.executable, str(ROOT / "train.py"), *(DRY if dry else GPU), *COMMON, f"trainer.max_steps={steps}",
            f"model.compile={str(compiled).lower()}", f"name={name}", f"hydra.run.dir={run_dir}",
            *([] if stability else NO_STABILITY)]
-    row = {"compiled": compiled, "stability": stability, "steps": steps, "command": " ".join(cmd[1:])}
+    row = {"compiled": compiled, "stability": stability, "steps": steps, "command": " ".join(cmd[1:]),
+           "run": run_record(_device(), "python " + " ".join(cmd[1:]))}
     t0 = time.perf_counter()
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -79,14 +81,19 @@ def run_one(compiled: bool, stability: bool, steps: int, dry: bool, workdir: Pat
 
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Default GPU preset: {meta['what']}", "", f"{meta['date']}; {meta['steps']} steps per run; medians "
-             "of the last two thirds of the logged intervals.", "",
-             "| compiled | stability callbacks | tokens/s | MFU | data wait | wall s |", "|---|---|---|---|---|---|"]
+             "of the last two thirds of the logged intervals. `run`: the date and commit of each train.py run (the "
+             "command is in the JSON).", "",
+             "| compiled | stability callbacks | run | tokens/s | MFU | data wait | wall s |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
+        run = r.get("run") or {}
+        when = f"{run.get('date', 'unrecorded')}, {run.get('commit', 'unrecorded')}"
+        head = f"| {r['compiled']} | {r['stability']} | {when}"
         if "error" in r:
-            lines.append(f"| {r['compiled']} | {r['stability']} | FAIL: {r['error'][-200:]!r} | | | |")
+            lines.append(f"{head} | FAIL: {r['error'][-200:]!r} | | | |")
             continue
         tps, mfu, wait = r.get(TOKENS_PER_S), r.get(MFU), r.get(DATA_WAIT_FRAC)
-        lines.append(f"| {r['compiled']} | {r['stability']} | {'n/a' if tps is None else f'{tps:.0f}'} | "
+        lines.append(f"{head} | {'n/a' if tps is None else f'{tps:.0f}'} | "
                      f"{'n/a' if mfu is None else f'{mfu:.1%}'} | {'n/a' if wait is None else f'{wait:.1%}'} | "
                      f"{r['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"

@@ -6,12 +6,14 @@
     python -m experiments.benchmarks.kernels.bench --smoke                   # CPU, TRITON_INTERPRET=1: a code check
 
 Writes DIR/<device>.json, .md and .png after every shape and configuration (default DIR: a temp folder, never
-the committed results). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key
-(provider, M, hidden), (config, M, hidden) or (norm, compiled); --fresh starts over. A configuration that fails
-becomes a FAIL row and the rest goes on. Forward (no_grad), backward alone and forward+backward are timed
-separately with triton.testing.do_bench (median, L2 flushed), and forward / forward+backward once more as a
-CUDA-graph replay (no launch overhead; n/a where capture fails). Byte model and targets: report.py.
-Imports only torch, triton and minillm's model and kernels (no datasets, hydra, omegaconf or wandb).
+the committed results); every row carries the record of this run (record.py: id, date, device, commit, kernel
+code, command). Rows already in DIR/<device>.json are kept and replaced only by a re-measured key (report.KEYS);
+--fresh starts over. A configuration that fails becomes a FAIL row and the rest goes on. Forward (no_grad),
+backward alone and forward+backward are timed separately with triton.testing.do_bench (median, L2 flushed), and
+once more as CUDA-graph replays (kernel time, no launch overhead; for minillm's kernels the backward kernel
+alone too; n/a where capture fails); every provider of a shape --repeats times, interleaved. Byte model and
+targets: report.py. Imports only torch, triton and minillm's model, kernels and loss (no datasets, hydra, omegaconf
+or wandb).
 """
 
 from __future__ import annotations
@@ -20,10 +22,8 @@ import argparse
 import gc
 import os
 import re
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from experiments.benchmarks.kernels import report as R
@@ -34,10 +34,22 @@ from experiments.benchmarks.kernels.providers import (
     make_add_providers,
     make_providers,
 )
+from experiments.benchmarks.kernels.record import kernel_code, run_record
+from experiments.benchmarks.kernels.timing import (
+    add_bwd_bytes,
+    add_fwd_bytes,
+    bench_ms,
+    bf16_order,
+    bwd_bytes,
+    copy_gbps,
+    fwd_bytes,
+    graph_ms,
+    with_repeat,
+)
+from experiments.benchmarks.kernels.tune import bench_tune, use_tuned
 
 ROWS = (16384, 65536, 4096)  # the shapes the targets judge (M >= 16K) first: a time limit loses the rest
 HIDDEN = (1024, 2048, 4096, 8192, 16384)
-TUNE_HIDDEN = (1024, 2048, 4096, 8192, 16384)
 SMOKE_ROWS, SMOKE_HIDDEN = (64,), (32, 100)
 EPS = 1e-6
 
@@ -53,6 +65,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "add + norm providers fused_add add+fused add+eager torch.compile liger_fused_add")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph timings")
+    p.add_argument("--rep-ms", type=int, default=100, help="milliseconds of runs per timing (do_bench's rep)")
+    p.add_argument("--graphs-only", action="store_true", help="time the CUDA-graph replays only (kernel time), not "
+                   "the eager calls (launch-bound)")
+    p.add_argument("--train-matrix", choices=("full", "loss"), default="full", help="the train step's configurations "
+                   "(train_step.py): full = norms x compile x precision at --train-batch; loss = the chunked loss at "
+                   "three batch sizes, fused_rmsnorm and the plain loss beside it")
+    p.add_argument("--repeats", type=int, default=3, help="timings of every provider at a shape, interleaved "
+                   "(repeat 1 of each provider, then repeat 2, ...); rows keep each, ratios give their spread")
     p.add_argument("--tune-rows", type=int, default=32768, help="M of the --mode tune timings")
     p.add_argument("--train-batch", type=int, default=8, help="sequences of 1024 tokens per train step")
     p.add_argument("--train-steps", type=int, default=20,
@@ -60,95 +80,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "minillm_kernel_bench",
                    help="output folder (default: %(default)s; commit a copy of what you mean to keep)")
     p.add_argument("--fresh", action="store_true", help="ignore rows already in the output folder")
+    p.add_argument("--use-tuned", action="store_true", help="launch each backward variant's best config from the "
+                   "tune rows of this kernel code already in the output folder (--mode tune first)")
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# timing
-
-
-def bench_ms(fn, smoke: bool, grad_to_none=None) -> float:
-    """Median milliseconds of fn(): triton's do_bench on a GPU, a few wall-clock runs in smoke mode."""
-    if not smoke:
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
-    fn()  # warm-up (compilation)
-    times = []
-    for _ in range(3):
-        for t in grad_to_none or ():
-            t.grad = None
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def graph_ms(fn, smoke: bool) -> float:
-    """Median milliseconds of fn captured once in a CUDA graph and replayed (warm-up on a side stream)."""
-    import torch
-
-    if smoke:
-        raise RuntimeError("no CUDA graphs on the CPU")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.empty_cache()  # the warm-up's cached blocks: the graph's private pool needs as much again
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):  # the warm-up's stream
-        fn()
-    try:
-        return bench_ms(graph.replay, smoke)
-    finally:
-        del graph
-        torch.cuda.empty_cache()  # the graph's pool
-
-
-def bf16_order(t):
-    """bf16 values as integers in the order of the values, consecutive for neighbouring representable values (so
-    a difference counts the steps between two values, across binade edges too; +0 and -0 are both 0)."""
-    import torch
-
-    bits = t.to(torch.bfloat16).view(torch.int16).to(torch.int32)
-    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-
-
-def copy_gbps(device: str, smoke: bool) -> float:
-    """Bandwidth of a large device-to-device copy (read + write), the roofline of a streaming kernel."""
-    import torch
-
-    n = 2**16 if smoke else 2**29  # 1 GiB of bf16 per buffer: far beyond L2
-    src = torch.randn(n, device=device).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src), smoke)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-
-
-def fwd_bytes(m: int, n: int, es: int = 2) -> int:
-    return 2 * m * n * es + n * es + 4 * m
-
-
-def bwd_bytes(m: int, n: int, es: int = 2) -> int:
-    return 3 * m * n * es + 2 * n * es + 4 * m
-
-
-def add_fwd_bytes(m: int, n: int, es: int = 2) -> int:
-    """Fused add + norm forward: read x, residual, w; write y, h, rstd."""
-    return 4 * m * n * es + n * es + 4 * m
-
-
-def add_bwd_bytes(m: int, n: int, es: int = 2) -> int:
-    """Fused add + norm backward: read dy, dh, h, w, rstd; write one gradient for x and residual, and dW."""
-    return 4 * m * n * es + 2 * n * es + 4 * m
-
-
 def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy: float, graphs: bool,
-                add: bool = False) -> dict:
-    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd, and the two graph replays. With add, the
-    provider is an add + norm: f(x, residual) -> (y, h), with upstream gradients for both outputs."""
+                add: bool = False, rep_ms: int = 100, eager: bool = True) -> dict:
+    """One provider at one (M, hidden), bf16: fwd, bwd alone, fwd+bwd (skipped without ``eager``), and the graph
+    replays (fwd, fwd+bwd; for minillm's kernels also the backward kernel alone, called directly: its kernel time
+    without the autograd engine). With add, the provider is an add + norm: f(x, residual) -> (y, h), with upstream
+    gradients for both outputs."""
     import torch
 
     if device == "cuda":  # the previous provider's tensors and graph pools: 1 GiB each at M = 64K, hidden 8K
@@ -220,21 +162,39 @@ def bench_shape(device: str, smoke: bool, m: int, n: int, name: str, make, copy:
                                         "worst_ref": ref.flatten()[worst].item()}
         except Exception as e:
             row["fwd_error"] = error_line(e)
-    run("fwd", lambda: bench_ms(no_grad_fwd, smoke))
-    out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
-    try:
-        out.append(outputs(leaves))
-    except Exception as e:
-        row["bwd_error"] = error_line(e)
-    if out:
-        run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
-                                    grad_to_none=[*leaves, w]))
-    out.clear()
-    run("fwdbwd", lambda: bench_ms(fwdbwd, smoke))
+    if eager:
+        run("fwd", lambda: bench_ms(no_grad_fwd, smoke, rep_ms=rep_ms))
+        out = []  # the forward whose graph the backward-alone timing replays (retain_graph)
+        try:
+            out.append(outputs(leaves))
+        except Exception as e:
+            row["bwd_error"] = error_line(e)
+        if out:
+            run("bwd", lambda: bench_ms(lambda: torch.autograd.backward(out[0], grads_out, retain_graph=True), smoke,
+                                        grad_to_none=[*leaves, w], rep_ms=rep_ms))
+        out.clear()
+        run("fwdbwd", lambda: bench_ms(fwdbwd, smoke, rep_ms=rep_ms))
     if graphs:
-        run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke))
-        run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke))
+        run("graph_fwd", lambda: graph_ms(no_grad_fwd, smoke, rep_ms))
+        run("graph_fwdbwd", lambda: graph_ms(fwdbwd, smoke, rep_ms))
+        if name in ("fused", "fused_add"):
+            run("graph_bwd", lambda: graph_ms(kernel_bwd(inputs, w, grads_out), smoke, rep_ms))
     return row
+
+
+def kernel_bwd(inputs: list, w, grads_out: list):
+    """minillm's backward kernel(s) alone, on the saved rstd of one forward (with the fused add's dh for two
+    inputs), called directly: what its bandwidth is judged on."""
+    import torch
+
+    from minillm.kernels import rmsnorm as K
+
+    with torch.no_grad():
+        residual = inputs[1] if len(inputs) > 1 else None
+        _y, rstd, h = K._fwd(inputs[0], w, EPS, 0.0, "llama", K._direct, residual=residual)
+    x = inputs[0] if h is None else h
+    dh = grads_out[1] if len(grads_out) > 1 else None
+    return lambda: K._bwd(grads_out[0], x, w.detach(), rstd, 0.0, "llama", K._direct, dh=dh)
 
 
 def _fmt(r: dict) -> str:
@@ -259,82 +219,18 @@ def bench_kernels(args, device: str, copy: float, save) -> None:
     sections = (("kernels", make_providers(not args.no_compile, args.providers)),
                 ("add_kernels", make_add_providers(not args.no_compile, args.providers)))
     graphs = device == "cuda" and not args.no_graphs
+    phases = [p for p, _ in R.PHASES + R.GRAPH_PHASES]
     for m in rows:
         for n in hidden:
             for section, providers in sections:  # the norm, then the add + norm, at each shape
-                for name, make in providers.items():
-                    row = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels")
-                    print(_fmt(row), flush=True)
-                    save(section, [row])  # after every configuration: a run cut short keeps what it measured
-
-
-# ----------------------------------------------------------------------------------------------------------
-# one-pass backward tunables
-
-
-def tune_candidates(n: int) -> list[tuple[int, int, int, int]]:
-    """(ROWS, num_warps, programs per SM, STAGES) with 8-16 elements per thread and <= 2048 threads per SM."""
-    block = 1 << (n - 1).bit_length()
-    out = []
-    for rows in (1, 2, 4, 8):
-        for warps in (4, 8, 16, 32):
-            if rows * block > max(block, 2048) or not 8 <= rows * block / (32 * warps) <= 16:
-                continue
-            out += [(rows, warps, per_sm, stages) for per_sm in (1, 2, 4) if per_sm * warps <= 64
-                    for stages in (1, 2)]
-    return out
-
-
-def bench_tune(args, device: str, copy: float, save) -> None:
-    """Backward alone (kernels + the partials' sum) for each candidate config, and for the wide-row
-    two-kernel path at hidden > MAX_ONEPASS_HIDDEN; each also with the fused residual add's gradient (dh)."""
-    import torch
-
-    from minillm.kernels import rmsnorm as K
-
-    m = 64 if args.smoke else args.tune_rows
-    hidden = args.hidden or ((SMOKE_HIDDEN[-1],) if args.smoke else TUNE_HIDDEN)
-    saved = K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN
-    for n in hidden:
-        torch.manual_seed(0)
-        x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
-        dy, w = torch.randn_like(x), (1 + 0.1 * torch.randn(n, device=device)).to(torch.bfloat16)
-        dh = torch.randn_like(x)  # the fused residual add's backward: the gradient reaching h along the stream
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
-        current = K.bwd_config(n) if n <= K.MAX_ONEPASS_HIDDEN else "two-kernel"
-        cands = tune_candidates(n)[:2] if args.smoke else tune_candidates(n)
-        cands = list(dict.fromkeys(([current] if current != "two-kernel" else []) + cands))
-        reference = None  # the two-kernel path's gradients (timed first; a config is compared when it ran)
-        for config in ["two-kernel", *cands]:
-            row = {"config": str(config), "M": m, "hidden": n, "current": config == current, "copy_gbps": copy}
-            try:
-                if config == "two-kernel":
-                    K.MAX_ONEPASS_HIDDEN = 0
-                else:
-                    K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = ((1 << (n - 1).bit_length(), *config),), n
-                ms = bench_ms(lambda a=(dy, x, w, rstd): K._bwd(*a, 0.0, "llama", K._direct), args.smoke)
-                gbps = bwd_bytes(m, n) / (ms * 1e-3) / 1e9
-                row.update(bwd_ms=ms, bwd_gbps=gbps, bwd_frac=gbps / copy)
-                ms = bench_ms(lambda a=(dy, x, w, rstd), r=dh: K._bwd(*a, 0.0, "llama", K._direct, dh=r), args.smoke)
-                row.update(add_bwd_ms=ms, add_bwd_frac=add_bwd_bytes(m, n) / (ms * 1e-3) / 1e9 / copy)
-                grads = [*K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct),  # with and without the add's dh
-                         *K._bwd(dy, x, w, rstd, 0.0, "llama", K._direct, dh=dh)]  # (dx, dw, dx, dw)
-                if config == "two-kernel":
-                    reference = grads
-                elif reference is not None:  # the largest difference from the two-kernel path, relative
-                    diff = [((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
-                            for g, r in zip(grads, reference, strict=True)]
-                    row.update(dx_vs_two_kernel=max(diff[0::2]), dw_vs_two_kernel=max(diff[1::2]))
-            except Exception as e:
-                row["bwd_error"] = error_line(e)
-            finally:
-                K.BWD_CONFIGS, K.MAX_ONEPASS_HIDDEN = saved
-            agree = (f", vs two-kernel dx {row['dx_vs_two_kernel']:.1e} dw {row['dw_vs_two_kernel']:.1e}"
-                     if "dx_vs_two_kernel" in row else "")
-            print(f"tune N={n} {row['config']:>16}: " + (f"{row['bwd_ms']:.4f} ms ({row['bwd_frac']:.0%}), with "
-                  f"the add {row['add_bwd_ms']:.4f} ms{agree}" if "add_bwd_ms" in row else "")
-                  + (f" FAIL {row['bwd_error']}" if "bwd_error" in row else ""), flush=True)
-            save("tune", [row])
+                measured: dict[str, dict] = {}
+                for _ in range(args.repeats):  # interleaved: each repeat times every provider, back to back
+                    for name, make in providers.items():
+                        one = bench_shape(device, args.smoke, m, n, name, make, copy, graphs, section == "add_kernels",
+                                          args.rep_ms, not args.graphs_only)
+                        measured[name] = with_repeat(measured.get(name), one, phases)
+                        print(_fmt(one), flush=True)
+                    save(section, list(measured.values()))  # after every repeat: a run cut short keeps what it has
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -358,20 +254,28 @@ def main(argv=None) -> Path:
     path = args.out / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('-')}.json"
     report = {} if args.fresh else R.load(path)
     copy = copy_gbps(device, args.smoke)
+    words = sys.argv[1:] if argv is None else list(argv)
+    run = run_record(name, " ".join(["python -m experiments.benchmarks.kernels.bench", *words]))
+    if args.use_tuned:  # rows of tuned configs are another version of the kernels than the sources say
+        run["kernel_code"] += "+tuned"
+        run.update(use_tuned(report, kernel_code()))
+    else:
+        run.update(bwd_configs=[list(e) for e in K.BWD_CONFIGS], add_bwd_configs=[list(e) for e in K.ADD_BWD_CONFIGS])
     report["meta"] = {"device": name, "smoke": args.smoke, "torch": torch.__version__, "triton": triton.__version__,
-                      "liger": liger_status(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": copy,
-                      "eps": EPS, "bwd_configs": K.BWD_CONFIGS, "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
+                      "liger": liger_status(), "date": run["date"], "copy_gbps": copy, "run": run, "eps": EPS,
+                      "bwd_configs": run["bwd_configs"], "add_bwd_configs": run["add_bwd_configs"],
+                      "max_onepass_hidden": K.MAX_ONEPASS_HIDDEN}
     print(f"{name}: copy {copy:.1f} GB/s, liger-kernel {report['meta']['liger']}; writing {path}", flush=True)
 
-    def save(section: str, rows: list[dict]) -> None:
-        report[section] = R.merge(report.get(section, []), rows, section)
+    def save(section: str, rows: list[dict]) -> None:  # every row names this run
+        report[section] = R.merge(report.get(section, []), [{**r, "run": run} for r in rows], section)
         R.write(path, report, plot_too=False)  # the plot once at the end (report.py draws it from the JSON too)
 
     R.write(path, report)
     if args.mode in ("all", "kernels"):
         bench_kernels(args, device, copy, save)
     if args.mode == "tune":
-        bench_tune(args, device, copy, save)
+        bench_tune(args, device, copy, save, EPS)
     if args.mode in ("all", "train"):
         from experiments.benchmarks.kernels.train_step import bench_train
 
