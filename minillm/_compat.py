@@ -93,7 +93,18 @@ def log_at_step(trainer: L.Trainer, step: int) -> None:
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
-# --- loggers (minillm/loggers.py) -----------------------------------------------------------------------------
+def lightning_precisions() -> tuple[str, ...]:
+    """The ``trainer.precision`` values Lightning accepts (its private ``_PRECISION_INPUT`` type), Transformer
+    Engine's left out (minillm does not install it)."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+
+    values = [str(v) for literal in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(literal)]
+    return tuple(dict.fromkeys(v for v in values if not v.startswith("transformer-engine")))
+
+
+# --- loggers (minillm/training/loggers.py) ---------------------------------------------------------------------------
 
 
 def logger_experiment(logger: Any) -> Any:
@@ -138,7 +149,7 @@ def wandb_go_offline(logger: Any) -> None:
     logger._wandb_init["mode"] = "offline"
 
 
-# --- progress bar (minillm/callbacks/progress.py) -----------------------------------------------------------
+# --- progress bar (minillm/training/callbacks/progress.py) -----------------------------------------------------------
 
 
 def label_training_by_steps(bar_cls: type) -> type:
@@ -155,7 +166,7 @@ def label_training_by_steps(bar_cls: type) -> type:
     return bar_cls
 
 
-# --- Hydra (minillm/train.py) ---------------------------------------------------------------------------------
+# --- Hydra (minillm/training/train.py) -------------------------------------------------------------------------------
 
 
 def hydra_args_parser() -> Any:
@@ -165,7 +176,7 @@ def hydra_args_parser() -> Any:
     return get_args_parser()
 
 
-# --- lm-evaluation-harness (minillm/harness.py) -------------------------------------------------------------
+# --- lm-evaluation-harness (minillm/tools/harness.py) -------------------------------------------------------------
 
 
 def lm_eval_cli() -> Any:
@@ -176,7 +187,7 @@ def lm_eval_cli() -> Any:
     return HarnessCLI()
 
 
-# --- datasets (minillm/data/token_files.py) --------------------------------------------------------------
+# --- datasets (minillm/training/data/token_files.py) --------------------------------------------------------------
 
 
 def selects_rows(dataset: Any) -> bool:

@@ -74,6 +74,13 @@ def check_number(field: str, value: Any, low: float | None = None, high: float |
                                     f"{' or null' if optional else ''}")
 
 
+def check_betas(field: str, value: Any) -> None:
+    """Adam's (beta1, beta2): two numbers in [0, 1)."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)):
+        raise invalid(field, value, "two numbers in [0, 1), e.g. [0.9,0.95]")
+
+
 def check_choice(field: str, value: Any, allowed: Iterable[Any]) -> None:
     allowed = list(allowed)
     if value not in allowed:

@@ -29,7 +29,7 @@ from minillm.metrics import GRAD_NORM, LOG_Z_MAX, TRAIN_LOSS, parse_metric
 LAYER_SIGNALS = ("update_ratio", "grad_norm", "weight_norm", "attn_logit_max", "attn_entropy_min", "resid_rms")
 SITE_SIGNALS = ("in_rms", "outlier_ratio", "kurtosis")
 MODEL_SIGNALS = (LOG_Z_MAX, GRAD_NORM, TRAIN_LOSS)
-Series = dict[str, list[tuple[int, float]]]  # metric -> [(step, value)], as minillm.runs.read_curves gives them
+Series = dict[str, list[tuple[int, float]]]  # metric -> [(step, value)] (analysis.runs.read_curves)
 
 
 def is_signal(key: str) -> bool:

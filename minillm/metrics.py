@@ -1,12 +1,13 @@
 """Every name minillm logs, defined once: the loggers, callbacks, LightningModule, report and studies import
 them from here (docs/definitions.md says what each measures).
 
-    train/...  the loss of each step, its lr and the tokens seen        (minillm.lit_module)
+    train/...  the loss of each step, its lr and the tokens seen        (minillm.training.lit_module)
     val/..., test/...  loss (nats/token), ppl, bpc (char tokenizer), bpb (bits per UTF-8 byte)
-    stab/...   the stability metrics                                     (minillm.callbacks.stability, divergence)
-    perf/...   throughput, model FLOPs utilization, data wait            (minillm.callbacks.perf)
+    stab/...   the stability metrics                                     (minillm.training.callbacks.stability,
+    divergence)
+    perf/...   throughput, model FLOPs utilization, data wait            (minillm.training.callbacks.perf)
     layer/<i>/<name>, norm/<site>/<name>   per block and per norm module (layer_metric, norm_metric)
-    hist/<site>/input, hist/<site>/gain    W&B histograms                (minillm.callbacks.histograms)
+    hist/<site>/input, hist/<site>/gain    W&B histograms                (minillm.training.callbacks.histograms)
 
 BEST_IS_LOW and BEST_IS_HIGH say which way each run-level summary of a metric goes (W&B keeps its min or max).
 """

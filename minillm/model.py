@@ -367,7 +367,7 @@ class Transformer(nn.Module):
 
     def hidden(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
         """Token ids (B, T) -> the last hidden states (B, T, C), after the final norm: what the LM head reads (a
-        loss that never makes the whole batch's logits starts here: minillm.loss)."""
+        loss that never makes the whole batch's logits starts here: minillm.training.loss)."""
         B, T = idx.shape
         start = cache[0].length if cache is not None else 0
         if start + T > self.cfg.max_seq_len:

@@ -18,10 +18,12 @@ missing one counted as ln V (never better than predicting uniformly).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+
+from minillm import schema
 
 # --- the outcome ---------------------------------------------------------------------------------------------
 
@@ -34,8 +36,14 @@ def unigram_loss(train_counts: np.ndarray, target_counts: np.ndarray) -> float:
     return float(targets @ -np.log(train / train.sum()) / targets.sum())
 
 
-def _finite(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float read from summary.json (not a bool, not None, NaN or inf)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def numbers(values: Iterable[Any]) -> list[float]:
+    """The finite numbers among ``values``, as floats."""
+    return [float(v) for v in values if is_number(v)]
 
 
 def is_diverged(guard_tripped: bool, final_val: float | None, loss_init: float | None,
@@ -46,14 +54,14 @@ def is_diverged(guard_tripped: bool, final_val: float | None, loss_init: float |
         return True
     if final_val is None:
         return False  # never validated: failed, not diverged
-    if not _finite(final_val):
+    if not is_number(final_val):
         return True
-    return loss_init is not None and final_val >= loss_init and _finite(best_val) and best_val < loss_init
+    return loss_init is not None and final_val >= loss_init and is_number(best_val) and best_val < loss_init
 
 
 def is_not_trained(diverged: bool, final_val: float | None, loss_init: float | None) -> bool:
     """Not diverged, and a final val loss still >= ln V (no validation was ever below it)."""
-    return not diverged and _finite(final_val) and loss_init is not None and final_val >= loss_init
+    return not diverged and is_number(final_val) and loss_init is not None and final_val >= loss_init
 
 
 def is_failed(status: str, diverged: bool, final_val: float | None, unigram: float | None,
@@ -61,36 +69,36 @@ def is_failed(status: str, diverged: bool, final_val: float | None, unigram: flo
     """Diverged, crashed, never validated, or final val loss >= unigram - margin; None while preempted."""
     if status == "preempted":
         return None
-    if status == "failed" or diverged or not _finite(final_val):
+    if status == "failed" or diverged or not is_number(final_val):
         return True
     return unigram is not None and final_val >= unigram - margin
 
 
 def is_stalled(summary: Mapping[str, Any], margin: float) -> bool:
     """Not diverged, and a final val loss within ``margin`` nats of the unigram loss (or above it)."""
-    final, unigram = summary.get("final_val_loss"), summary.get("unigram_loss")
-    return not summary.get("diverged") and _finite(final) and unigram is not None and final >= unigram - margin
+    final, unigram = summary.get(schema.FINAL_VAL_LOSS), summary.get(schema.UNIGRAM_LOSS)
+    return not summary.get("diverged") and is_number(final) and unigram is not None and final >= unigram - margin
 
 
 def loss_for_comparison(summary: Mapping[str, Any], loss_init: float | None = None,
-                        key: str = "final_val_loss") -> float:
+                        key: str = schema.FINAL_VAL_LOSS) -> float:
     """min(final val loss, ln V); a diverged run, or a missing or non-finite loss, counts as ln V. ``key`` names
     another loss of summary.json in nats (best_val_loss, test_loss) to take instead of the final val loss."""
-    loss_init = loss_init if loss_init is not None else summary.get("loss_init")
+    loss_init = loss_init if loss_init is not None else summary.get(schema.LOSS_INIT)
     loss_init = loss_init if loss_init is not None else math.inf
     value = summary.get(key)
-    if summary.get("diverged") or not _finite(value):
+    if summary.get("diverged") or not is_number(value):
         return loss_init
     return min(float(value), loss_init)
 
 
 def failed_of(summary: Mapping[str, Any], margin: float = 0.0) -> bool:
     """is_failed on a run's summary.json; a run stopped by a signal and not resumed counts as not failed."""
-    return bool(is_failed(summary.get("status"), bool(summary.get("diverged")), summary.get("final_val_loss"),
-                          summary.get("unigram_loss"), margin))
+    return bool(is_failed(summary.get("status"), bool(summary.get("diverged")), summary.get(schema.FINAL_VAL_LOSS),
+                          summary.get(schema.UNIGRAM_LOSS), margin))
 
 
 def final_loss(summary: Mapping[str, Any]) -> float | None:
     """The final val loss of a run that did not diverge; None for a diverged run or one without a finite one."""
-    value = summary.get("final_val_loss")
-    return None if summary.get("diverged") or not _finite(value) else float(value)
+    value = summary.get(schema.FINAL_VAL_LOSS)
+    return None if summary.get("diverged") or not is_number(value) else float(value)

@@ -205,7 +205,7 @@ def mixed_text(n: int = 6000, seed: int = 0) -> str:
 
 def make_dm(corpus: Path, tmp_path: Path, **kw):
     """A prepared and set-up TextDataModule over local files, its token store under tmp_path / "cache"."""
-    from minillm.data import TextDataModule
+    from minillm.training.data import TextDataModule
 
     args = dict(source="files", files=[str(corpus)], seq_len=16, batch_size=4, cache_dir=str(tmp_path / "cache"))
     dm = TextDataModule(**{**args, **kw})
@@ -224,7 +224,7 @@ def legacy_char_stream(docs: list[str], val_fraction: float = 0.1):
     """The char data of minillm before the token store, by its formulas: documents stripped and joined with blank
     lines into one string, CharTokenizer.from_text of it, encoded whole, split at int(N * (1 - val_fraction)).
     Returns (tokenizer, train ids, val ids)."""
-    from minillm.data import CharTokenizer, token_dtype
+    from minillm.training.data import CharTokenizer, token_dtype
 
     text = "\n\n".join(t.strip() for t in docs if t and t.strip())
     tok = CharTokenizer.from_text(text)
@@ -340,7 +340,7 @@ class LossRecorder(L.Callback):
 def run_fast(tmp_path: Path, corpus: Path, *overrides: str) -> Path:
     """A 6-step run with validations after steps 3 and 6 and only the preemption callback (FAST)."""
     cfg = compose_cfg(tmp_path, corpus, *FAST, *overrides)
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     train_script.train(cfg)
     return Path(cfg.paths.output_dir)

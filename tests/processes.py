@@ -18,8 +18,8 @@ from pathlib import Path
 
 import wandb.sdk.launch.inputs.internal  # noqa: F401  (what wandb.init imports: ~3 s, once, not per process)
 
-import minillm.data  # noqa: F401  (with datasets: imported once here, for the forked commands)
-import minillm.train  # noqa: F401
+import minillm.training.data  # noqa: F401  (with datasets: imported once here, for the forked commands)
+import minillm.training.train  # noqa: F401
 
 
 class Result:

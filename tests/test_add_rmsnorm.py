@@ -237,7 +237,7 @@ def test_compiled_model_traces_the_kernels_without_a_graph_break():
 def test_stability_probe_with_attention_statistics_on_a_fused_model():
     """The probe's attention hook reads the block's call of attn (x, cos, sin): the fused block calls it the same
     way, and the probe records every site, the FFN norm's included (the hooked norm runs unfused)."""
-    from minillm.callbacks.probe import ActivationProbe
+    from minillm.training.callbacks.probe import ActivationProbe
 
     model = _tiny("fused_rmsnorm")
     probe = ActivationProbe(model)
@@ -302,7 +302,7 @@ def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpu
     from helpers import compose_cfg
     from test_loggers import check_summary_is_copied
 
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     accelerator = "cpu" if K._interpreting() else "gpu"  # where the kernels run: the interpreter, or a GPU
     cfg = compose_cfg(tmp_path, corpus, "norm=fused_rmsnorm", "logger=wandb", "trainer.max_steps=3", "test=false",
@@ -324,7 +324,7 @@ def test_fused_norm_on_a_cpu_trainer_where_kernels_are_built_for_cuda_is_a_confi
     line (it once failed inside the first forward: the kernel takes CUDA tensors); interpreted kernels take CPU
     tensors, so there it is allowed."""
     from minillm.errors import ConfigError
-    from minillm.run.checks import check_fused_norm
+    from minillm.training.run.checks import check_fused_norm
 
     c = {"model": {"norm": "fused_rmsnorm"}, "trainer": {"accelerator": "cpu"}}
     monkeypatch.setattr(K, "require_fused", lambda: None)  # the kernels can run (on a GPU, or interpreted)

@@ -1,4 +1,5 @@
-"""Checkpoint files (minillm/checkpointing.py): atomic saves, unreadable and foreign files, another model config."""
+"""Checkpoint files (minillm/training/checkpointing.py): atomic saves, unreadable and foreign files, another model
+config."""
 
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ from helpers import (
 )
 from hydra.utils import instantiate
 
-import minillm.train as train_script
-from minillm.checkpointing import (
+import minillm.training.train as train_script
+from minillm.errors import ConfigError
+from minillm.model import ModelConfig
+from minillm.training.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
     check_model_config,
     model_config_diff,
     read_checkpoint_header,
 )
-from minillm.errors import ConfigError
-from minillm.lit_module import LitLM
-from minillm.model import ModelConfig
-from minillm.run.build import build_trainer, model_config
-from minillm.run.resume import Resume
+from minillm.training.lit_module import LitLM
+from minillm.training.run.build import build_trainer, model_config
+from minillm.training.run.resume import Resume
 
 CORPUS_CHARS = 8000  # the corpus fixture's size for this module
 

@@ -164,3 +164,9 @@ def test_lm_evals_command_line_parses_and_executes():
     pytest.importorskip("lm_eval")
     cli = _compat.lm_eval_cli()
     assert callable(cli.parse_args) and callable(cli.execute)
+
+
+def test_lightning_precisions_are_the_values_lightning_accepts():
+    precisions = _compat.lightning_precisions()
+    assert {"32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true", "16-true", "64-true", "64"} == \
+        set(precisions)

@@ -52,9 +52,9 @@ def inputs(tmp_path_factory, shared_cache, corpus) -> dict[str, Path]:
 
 
 def harness(x: Path, i: dict) -> list[str]:
-    """minillm-lm-eval as its console script runs it (minillm.evaluate:lm_eval_main)."""
+    """minillm-lm-eval as its console script runs it (minillm.tools.evaluate:lm_eval_main)."""
     script = i["tmp"] / "minillm_lm_eval.py"
-    script.write_text("import sys\nfrom minillm.evaluate import lm_eval_main\nsys.exit(lm_eval_main())\n")
+    script.write_text("import sys\nfrom minillm.tools.evaluate import lm_eval_main\nsys.exit(lm_eval_main())\n")
     return [str(script), "--model", "minillm", "--model_args", f"checkpoint={x}", "--tasks", "my_task",
             "--include_path", str(i["tmp"] / "tasks")]
 
@@ -63,16 +63,16 @@ def harness(x: Path, i: dict) -> list[str]:
 # it gets instead
 TOOLS = {
     "train": lambda x, i: [str(ROOT / "train.py"), *SMALL, f"data.files=[{i['corpus']}]", f"ckpt_path={x}"],
-    "eval": lambda x, i: ["-m", "minillm.evaluate", str(x)],
-    "sample": lambda x, i: ["-m", "minillm.sample", str(x)],
-    "export": lambda x, i: ["-m", "minillm.export", str(x), str(i["tmp"] / "exported")],
-    "import": lambda x, i: ["-m", "minillm.import_hf", str(x), str(i["tmp"] / "imported.ckpt")],
-    "inspect": lambda x, i: ["-m", "minillm.inspection", str(x), "--text", str(i["text"]), "--no-wandb"],
-    "prepare": lambda x, i: ["-m", "minillm.data.prepare", "data=files", f"data.files=[{x}]",
+    "eval": lambda x, i: ["-m", "minillm.tools.evaluate", str(x)],
+    "sample": lambda x, i: ["-m", "minillm.tools.sample", str(x)],
+    "export": lambda x, i: ["-m", "minillm.tools.export", str(x), str(i["tmp"] / "exported")],
+    "import": lambda x, i: ["-m", "minillm.tools.import_hf", str(x), str(i["tmp"] / "imported.ckpt")],
+    "inspect": lambda x, i: ["-m", "minillm.tools.inspection", str(x), "--text", str(i["text"]), "--no-wandb"],
+    "prepare": lambda x, i: ["-m", "minillm.tools.prepare", "data=files", f"data.files=[{x}]",
                              f"data.cache_dir={i['tmp'] / 'cache'}"],
     "lm-eval": harness,
-    "report": lambda x, i: ["-m", "minillm.report", str(x)],
-    "replay": lambda x, i: ["-m", "minillm.replay", str(x), "--steps", "0:2"],
+    "report": lambda x, i: ["-m", "minillm.analysis.report", str(x)],
+    "replay": lambda x, i: ["-m", "minillm.tools.replay", str(x), "--steps", "0:2"],
 }
 INSTEAD = {("import", "missing"): "hf missing", ("import", "truncated"): "hf truncated",
            ("import", "other model"): "hf other model"}
@@ -81,7 +81,7 @@ VALID = {"import": "hf truncated", "report": "tmp", "prepare": "text"}  # what g
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_every_console_script_answers_bad_input_in_one_line(tool, inputs, tmp_path, shared_cache):
-    if tool == "lm-eval":  # lm_eval imported once here, for the processes forked below (minillm.harness in them:
+    if tool == "lm-eval":  # lm_eval imported once here, for the processes forked below (minillm.tools.harness in them:
         pytest.importorskip("lm_eval.api.registry")  # importing it here would register its model in later forks too)
     for kind in KINDS:
         if kind == "bad flag":

@@ -33,20 +33,20 @@ def test_summary_metrics_wandb_and_report_agree_for_resumed_branched_and_replaye
     assert branch["steps"] == 5 and sorted(logged(read_rows(runs / "b"), "val/loss")) == [4]
 
     ok(cli([*base, "run_id=p"], tmp_path, shared_cache))  # a replay runs its run's command: one without a signal
-    ok(cli(["-m", "minillm.replay", str(runs / "p" / "checkpoints" / "step-2.ckpt"), "--steps", "2:6"], tmp_path,
+    ok(cli(["-m", "minillm.tools.replay", str(runs / "p" / "checkpoints" / "step-2.ckpt"), "--steps", "2:6"], tmp_path,
            shared_cache))
     (folder,) = (runs / "p" / "replays").iterdir()
     replayed = check_derived_files(folder)
     train = logged(read_rows(folder), "train/loss")
     assert replayed["replay"]["final_train_loss"] == train[5] and replayed["failed"] is False
 
-    ok(cli(["-m", "minillm.report", str(tmp_path / "logs" / "d")], tmp_path, shared_cache))
+    ok(cli(["-m", "minillm.analysis.report", str(tmp_path / "logs" / "d")], tmp_path, shared_cache))
     report = (tmp_path / "logs" / "d" / "report" / "report.md").read_text()
     for summary in (resumed, branch, check_derived_files(runs / "p")):
         assert f"{summary['final_val_loss']:.4f}" in report, (summary["final_val_loss"], report)
     assert json.loads((runs / "r" / "summary.json").read_text()) == resumed  # the report changed no record
 
     # the resumed run's command sends SIGTERM at step 3: so does its replay, which ends as stopped, not as a success
-    stopped = cli(["-m", "minillm.replay", str(runs / "r" / "checkpoints" / "step-2.ckpt"), "--steps", "2:6"],
+    stopped = cli(["-m", "minillm.tools.replay", str(runs / "r" / "checkpoints" / "step-2.ckpt"), "--steps", "2:6"],
                   tmp_path, shared_cache)
     assert stopped.returncode == 143 and "minillm-replay: stopped by SIGTERM" in stopped.output, stopped.output[-2000:]

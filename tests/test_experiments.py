@@ -296,7 +296,8 @@ def test_s6_quality_reanalysis_regenerates_the_committed_results(committed, tmp_
         assert again.read_text() == before.read_text()
 
 
-# Every interval, test and verdict of a study comes from minillm.verdicts / minillm.compare: no module under
+# Every interval, test and verdict of a study comes from minillm.analysis.stats / minillm.analysis.compare: no module
+# under
 # experiments/ imports a statistics library or calls a distribution or a test itself. A study that needs another
 # statistic names its file here with the reason (none does: the growth exponents of S1 and S5 are numpy
 # least-squares fits, and the benchmarks take medians).
@@ -326,7 +327,7 @@ def _statistics_of(path: Path) -> list[str]:
 
 
 def test_studies_take_every_statistic_from_the_engine(tmp_path):
-    """No study re-implements what minillm.verdicts has (a t interval, a Fisher or binomial test, a hypergeometric
+    """No study re-implements what minillm.analysis.stats has (a t interval, a Fisher or binomial test, a hypergeometric
     sum): the statistics live in one place."""
     offenders = {str(p.relative_to(ROOT)): found for p in sorted(EXPERIMENTS.rglob("*.py"))
                  if (found := _statistics_of(p)) and str(p.relative_to(ROOT)) not in STATISTICS_ALLOWED}
@@ -362,7 +363,7 @@ def test_machine_names_cpu_cores_and_torch():
 
 def test_reference_loop_is_built_from_the_configs():
     """Model, norm options, optimizer groups and lr come from the composed config, not from copied values."""
-    from minillm.run.build import model_config
+    from minillm.training.run.build import model_config
 
     cfg = reference.compose("norm=batchnorm", "optimizer.lr=0.01", "module.decay_norms=true", "model.n_layers=2")
     model, optimizer, scheduler = reference.build(cfg, vocab_size=88)
@@ -409,7 +410,7 @@ def test_independent_loop_has_the_default_models_size():
     """The loop's default sizes are train.py's default model: the same parameter count (826,496)."""
     from experiments.benchmarks.calibration import nanogpt_loop
     from minillm.model import Transformer
-    from minillm.run.build import model_config
+    from minillm.training.run.build import model_config
 
     loop = nanogpt_loop.CharLM(88, 128, 4, 4, 352, 64, 1e-5, 0.02, 10000.0)
     ours = Transformer(model_config(reference.compose(), 88))

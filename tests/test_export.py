@@ -10,13 +10,13 @@ import lightning as L
 import pytest
 import torch
 
-from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer, TextDataModule
-from minillm.export import byte_alphabet, hf_tokenizer, llama_incompatibilities
-from minillm.export import main as export_main
-from minillm.hub import MinillmHub, load_checkpoint
-from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
-from minillm.sample import main as sample_main
+from minillm.tools.export import byte_alphabet, hf_tokenizer, llama_incompatibilities
+from minillm.tools.export import main as export_main
+from minillm.tools.hub import MinillmHub, load_checkpoint
+from minillm.tools.sample import main as sample_main
+from minillm.training.data import ByteTokenizer, CharTokenizer, HFTokenizer, TextDataModule
+from minillm.training.lit_module import LitLM
 
 CORPUS_CHARS = 6_000
 SEQ = 32  # max_seq_len of the exported models
@@ -271,11 +271,11 @@ def test_sample_and_export_errors_are_one_line_and_exit_2(ckpts, tmp_path, capsy
 
 @pytest.mark.slow
 def test_the_commands_as_a_user_runs_them(ckpts, tmp_path):
-    """python -m minillm.export / minillm.sample in subprocesses (slow: each imports lightning)."""
+    """python -m minillm.tools.export / minillm.tools.sample in subprocesses (slow: each imports lightning)."""
     run = lambda *args: subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)  # noqa: E731
-    done = run("minillm.export", ckpts["char"], str(tmp_path / "hf"))
+    done = run("minillm.tools.export", ckpts["char"], str(tmp_path / "hf"))
     assert done.returncode == 0 and (tmp_path / "hf" / "model.safetensors").is_file(), done.stderr
-    done = run("minillm.sample", ckpts["char"], "--prompt", "The", "--max-new-tokens", "5", "--temperature", "0")
+    done = run("minillm.tools.sample", ckpts["char"], "--prompt", "The", "--max-new-tokens", "5", "--temperature", "0")
     assert done.returncode == 0 and done.stdout.startswith("The") and len(done.stdout) == 3 + 5 + 1
-    done = run("minillm.export", ckpts["other"], str(tmp_path / "x"))
+    done = run("minillm.tools.export", ckpts["other"], str(tmp_path / "x"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "placement=post" in done.stderr

@@ -75,7 +75,7 @@ def test_the_spike_ring_starts_at_the_first_step_of_a_fit_a_resumed_one_too(tmp_
     checkpoint to replay from (before, the ring stayed empty until step 25 and such a spike was not written)."""
     from types import SimpleNamespace
 
-    from minillm.callbacks import SpikeCapture
+    from minillm.training.callbacks import SpikeCapture
 
     capture = SpikeCapture(str(tmp_path), steps=16, checkpoint_every_n_steps=5)
     capture._on = True

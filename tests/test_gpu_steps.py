@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from helpers import compose_cfg
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 from experiments.benchmarks.gpu import merge, preset
 from experiments.common.failure import TRACEBACK_LINES, failure
 from minillm.metrics import MFU, TOKENS_PER_S
@@ -110,7 +110,7 @@ def test_the_gpu_norm_comparison_composes_each_of_its_jobs(tmp_path):
     from omegaconf import open_dict
 
     from minillm.model import Transformer
-    from minillm.run.checks import check_config, model_config
+    from minillm.training.run.checks import check_config, model_config
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):

@@ -1,6 +1,7 @@
-"""Downstream evaluation: minillm.scoring (log-likelihoods, rolling windows, greedy generation), minillm-eval --tasks
+"""Downstream evaluation: minillm.tools.scoring (log-likelihoods, rolling windows, greedy generation), minillm-eval
+--tasks
 (accuracy with its binomial interval, bits per byte) and the lm-evaluation-harness model ``minillm``
-(minillm/harness.py), run as a user runs them on small local tasks the test writes (no hub)."""
+(minillm/tools/harness.py), run as a user runs them on small local tasks the test writes (no hub)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from processes import cli, ok
 from test_export import fit_checkpoint
 
-from minillm.hub import load_checkpoint
-from minillm.scoring import Scorer, multiple_choice, read_task
+from minillm.tools.hub import load_checkpoint
+from minillm.tools.scoring import Scorer, multiple_choice, read_task
 
 CORPUS_CHARS = 6_000
 WORDS = ["love", "night", "lord", "king", "queen", "words", "sweet", "fair"]
@@ -80,12 +81,13 @@ def test_minillm_eval_tasks_and_lm_eval_agree_on_a_local_task(ckpts, tasks, tmp_
     """minillm-eval --tasks and `minillm-lm-eval --model minillm` (lm_eval's own command line and registry) on the
     same items: the same accuracy; lm_eval's greedy generations are minillm's."""
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = ok(cli(["-m", "minillm.evaluate", ckpts["char"], "--tasks", str(tasks["dir"] / "mc.jsonl"), "--json",
+    out = ok(cli(["-m", "minillm.tools.evaluate", ckpts["char"], "--tasks", str(tasks["dir"] / "mc.jsonl"), "--json",
                   str(tmp_path / "mc.json")], tmp_path, shared_cache, **env))
     ours = json.loads((tmp_path / "mc.json").read_text())["mc"]
     interval = f"{ours['acc_low']:.4f}-{ours['acc_high']:.4f}"
     assert f"mc: acc {ours['acc']:.4f} (95% CI {interval}, n 16, chance 0.2500)" in out
-    ok(cli(["-m", "minillm.harness", "--model", "minillm", "--model_args", f"checkpoint={ckpts['char']},batch_size=8",
+    ok(cli(["-m", "minillm.tools.harness", "--model", "minillm",
+            "--model_args", f"checkpoint={ckpts['char']},batch_size=8",
             "--tasks", "minillm_mc,minillm_gen", "--include_path", str(tasks["dir"]), "--output_path",
             str(tmp_path / "lm_eval"), "--log_samples"], tmp_path, shared_cache, **env))
     (results,) = (tmp_path / "lm_eval").rglob("results_*.json")
@@ -100,10 +102,10 @@ def test_minillm_eval_tasks_and_lm_eval_agree_on_a_local_task(ckpts, tasks, tmp_
 
 
 def test_task_and_install_errors_are_one_line(ckpts, tmp_path, shared_cache, capsys, monkeypatch):
-    from minillm.evaluate import lm_eval_main
+    from minillm.tools.evaluate import lm_eval_main
 
     (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["b"], "answer": 0}\n')
-    out = cli(["-m", "minillm.evaluate", ckpts["char"], "--tasks", str(tmp_path / "bad.jsonl")], tmp_path,
+    out = cli(["-m", "minillm.tools.evaluate", ckpts["char"], "--tasks", str(tmp_path / "bad.jsonl")], tmp_path,
               shared_cache)
     assert out.returncode == 2 and out.output.count("\n") == 1 and out.output.startswith(
         f"minillm-eval: error: --tasks '{tmp_path / 'bad.jsonl'}' line 1 is not an item; allowed: one JSON object")

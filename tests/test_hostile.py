@@ -17,8 +17,8 @@ import pytest
 from helpers import ROOT, logged, read_rows, write_corpus
 from processes import cli, cli_all, finish, ok, start, summaries
 
-from minillm.callbacks.common import Observer
-from minillm.run.show import HEADER
+from minillm.training.callbacks.common import Observer
+from minillm.training.run.show import HEADER
 
 TRAIN = str(ROOT / "train.py")
 SMALL = ["model=tiny", "data=files", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=2",
@@ -123,7 +123,7 @@ BAD_REPLAY = [
     (["{run}/checkpoints", "--steps", "2:4", "--out", "{run}"], "minillm-replay: error: --out '{run}' is not empty; "
                                                                 "allowed: a new or empty folder"),
     (["{run}/checkpoints", "--steps", "2:4", "--bogus"], "minillm-replay: error: unrecognized arguments: --bogus"),
-    (["--compare", "{run}/checkpoints"], "minillm-replay: error: --compare {run}/checkpoints: no replay there"),
+    (["--plot", "{run}/checkpoints"], "minillm-replay: error: --plot {run}/checkpoints: no replay there"),
 ]
 
 
@@ -139,7 +139,7 @@ def replayable(tmp_path_factory, shared_cache, corpus) -> Path:
 @pytest.mark.parametrize("args, message", BAD_REPLAY, ids=[" ".join(a) or "nothing" for a, _ in BAD_REPLAY])
 def test_bad_replay_input_is_one_line_exit_2_and_leaves_nothing(args, message, replayable, tmp_path, shared_cache):
     before = left_behind(replayable)
-    pid, log = start(["-m", "minillm.replay", *(a.format(run=replayable) for a in args)], tmp_path, shared_cache)
+    pid, log = start(["-m", "minillm.tools.replay", *(a.format(run=replayable) for a in args)], tmp_path, shared_cache)
     out = finish(pid, log, args)
     lines = [line for line in out.output.splitlines() if "error: " in line]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.output, out.output[-3000:]
@@ -266,7 +266,7 @@ def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, s
     jobs = summaries(folder)
     assert len(jobs) == 2 and {s["status"] for s in jobs} <= {"completed", "not_trained"}
     assert all(s["steps"] == 4 for s in jobs) and "sweep ended, 2 jobs: " in resumed
-    assert f"python -m minillm.report {folder.relative_to(tmp_path)}" in resumed.strip().splitlines()[-1]
+    assert f"python -m minillm.analysis.report {folder.relative_to(tmp_path)}" in resumed.strip().splitlines()[-1]
     again = ok(cli([*sweep, *extra.group(1).split()], tmp_path, shared_cache))
     assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 2
 

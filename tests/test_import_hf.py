@@ -1,4 +1,5 @@
-"""minillm-import (minillm/import_hf.py): Hugging Face Llama, Mistral and Qwen2 folders into minillm checkpoints, the
+"""minillm-import (minillm/tools/import_hf.py): Hugging Face Llama, Mistral and Qwen2 folders into minillm checkpoints,
+the
 inverse of minillm-export, with tiny random models saved locally (no hub)."""
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from processes import cli, ok
 from test_export import LOGIT_ATOL, SEQ, fit_checkpoint
 
 from minillm.errors import CheckpointError
-from minillm.export import LLAMA_NORM_OPTIONS
-from minillm.export import main as export_main
-from minillm.hub import load_checkpoint
-from minillm.import_hf import main as import_main
+from minillm.tools.export import LLAMA_NORM_OPTIONS
+from minillm.tools.export import main as export_main
+from minillm.tools.hub import load_checkpoint
+from minillm.tools.import_hf import main as import_main
 
 CORPUS_CHARS = 6_000
 transformers = pytest.importorskip("transformers")
@@ -45,7 +46,8 @@ def test_a_hugging_face_folder_imports_with_the_logits_of_transformers(kind, ext
     """As a user runs it, on a folder without a tokenizer: the checkpoint says it has none, and loads."""
     model = hf_model(kind, **extra)
     model.save_pretrained(tmp_path / "hf", safe_serialization=True)
-    out = ok(cli(["-m", "minillm.import_hf", str(tmp_path / "hf"), str(tmp_path / "m.ckpt")], tmp_path, shared_cache))
+    out = ok(cli(["-m", "minillm.tools.import_hf", str(tmp_path / "hf"), str(tmp_path / "m.ckpt")], tmp_path,
+                 shared_cache))
     assert "(no tokenizer: the folder has none)" in out
     with pytest.raises(CheckpointError, match="has no tokenizer: it was imported from a folder without tokenizer"):
         load_checkpoint(tmp_path / "m.ckpt")

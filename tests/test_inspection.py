@@ -1,4 +1,4 @@
-"""minillm-inspect (minillm/inspection.py): the stability probes on held-out text for any checkpoint, written as a
+"""minillm-inspect (minillm/tools/inspection.py): the stability probes on held-out text for any checkpoint, written as a
 depth profile (JSON, PNG, W&B tables); on a minillm checkpoint and on a tiny random Llama imported from a local
 folder."""
 
@@ -12,9 +12,9 @@ from helpers import read_wandb_run, write_corpus
 from processes import cli, ok
 from test_export import SEQ, fit_checkpoint
 
-from minillm.data import ByteTokenizer
-from minillm.export import save_tokenizer
-from minillm.inspection import main as inspect_main
+from minillm.tools.export import save_tokenizer
+from minillm.tools.inspection import main as inspect_main
+from minillm.training.data import ByteTokenizer
 
 CORPUS_CHARS = 6_000
 
@@ -33,7 +33,7 @@ def check_profile(out, n_layers: int, n_sites: int) -> dict:
 
 def test_inspect_writes_the_depth_profile_of_a_checkpoint(corpus, tmp_path, shared_cache):
     ckpt = fit_checkpoint(tmp_path / "post.ckpt", corpus, "char", norm="layernorm", placement="peri")
-    out = ok(cli(["-m", "minillm.inspection", ckpt, "--text", str(corpus), "--out", str(tmp_path / "profile"),
+    out = ok(cli(["-m", "minillm.tools.inspection", ckpt, "--text", str(corpus), "--out", str(tmp_path / "profile"),
                   "--windows", "6"], tmp_path, shared_cache))
     assert "wrote " in out and "largest residual RMS" in out
     profile = check_profile(tmp_path / "profile", 2, 2 * 4 + 1)  # peri: two norms in and two out per layer, final
@@ -46,7 +46,7 @@ def test_inspect_writes_the_depth_profile_of_a_checkpoint(corpus, tmp_path, shar
 def test_inspect_an_imported_llama(tmp_path, capsys):
     """A tiny random LlamaForCausalLM with a byte tokenizer, saved locally, imported, inspected."""
     transformers = pytest.importorskip("transformers")
-    from minillm.import_hf import main as import_main
+    from minillm.tools.import_hf import main as import_main
 
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ)

@@ -116,7 +116,7 @@ def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
     assert (cwd / "logs" / "wsd" / "report" / "loss_vs_tokens.png").is_file()
     (task_log,) = [log for command, log in logs.items() if "--tasks /path/task.jsonl" in command]
     assert "task: acc " in task_log and "chance 0.3333" in task_log
-    (harness_log,) = [log for command, log in logs.items() if "minillm.harness" in command]
+    (harness_log,) = [log for command, log in logs.items() if "minillm.tools.harness" in command]
     assert re.search(r"\|my_task\s*\|.*\|acc\s*\|", harness_log), harness_log[-2000:]
     assert (cwd / "imported.ckpt").is_file() and (cwd / "hf-model" / "model.safetensors").is_file()
     assert json.loads((cwd / "imported.ckpt.inspect" / "depth_profile.json").read_text())["layers"]
@@ -235,8 +235,8 @@ def test_every_value_of_every_preset_sweep_passes_the_checks(tmp_path, corpus):
     compose and pass train.py's checks and build their model config, before anyone spends hours on it."""
     from helpers import compose_cfg
 
-    from minillm.run.build import model_config
-    from minillm.run.checks import check_config
+    from minillm.training.run.build import model_config
+    from minillm.training.run.checks import check_config
 
     presets = preset_sweeps()
     assert {"s2_warmup", "s3_lr_sensitivity", "s4_batchnorm", "s5_precision", "s7_depth"} <= set(presets)

@@ -1,4 +1,4 @@
-"""The LightningModule (minillm/lit_module.py): the loss and z-loss, eval metrics over tokens, weight-decay
+"""The LightningModule (minillm/training/lit_module.py): the loss and z-loss, eval metrics over tokens, weight-decay
 groups, learning-rate schedules."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from helpers import V, compose_cfg, randn
 from hydra.utils import instantiate
 
-from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
-from minillm.optim import lr_lambda
-from minillm.run.build import model_config
+from minillm.training.lit_module import LitLM
+from minillm.training.optim import lr_lambda
+from minillm.training.run.build import model_config
 
 
 def test_z_loss_is_ce_plus_coef_mean_log_z_squared_and_pulls_log_z_to_zero():

@@ -1,4 +1,4 @@
-"""minillm/loggers.py: the CSV log that survives several writers (resumes, DDP's fork launcher), and the W&B
+"""minillm/training/loggers.py: the CSV log that survives several writers (resumes, DDP's fork launcher), and the W&B
 run as it is written to disk (its summary, depth tables, samples, resume)."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from helpers import (
     read_wandb_run,
 )
 
-import minillm.train as train_script
-from minillm.loggers import AppendingCSVLogger, SafeWandbLogger
+import minillm.training.train as train_script
+from minillm.training.loggers import AppendingCSVLogger, SafeWandbLogger
 
 
 def rows(folder) -> tuple[list[str], list[dict]]:
@@ -230,7 +230,7 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
 def test_logger_tensorboard_writes_event_files_beside_the_csv_log(tmp_path, shared_cache, corpus):
     from processes import cli, ok
 
-    from minillm.run.show import HEADER
+    from minillm.training.run.show import HEADER
 
     args = [str(ROOT / "train.py"), "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4",
             "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1",

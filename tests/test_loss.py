@@ -1,4 +1,5 @@
-"""The chunked linear + cross entropy (minillm/loss.py) against the plain loss on the whole batch's logits: loss and
+"""The chunked linear + cross entropy (minillm/training/loss.py) against the plain loss on the whole batch's logits:
+loss and
 gradients in fp32 and bf16, with z-loss and the output soft-cap, compiled, and without ever making a tensor the
 size of the whole batch's logits."""
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minillm import loss as L
 from minillm.errors import ConfigError
-from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
+from minillm.training import loss as L
+from minillm.training.lit_module import LitLM
 
 
 def _inputs(n=300, c=64, v=1000, dtype=torch.float32, seed=0):

@@ -1,4 +1,5 @@
-"""minillm/optim.py: Muon with AdamW (optimizer=muon) and the lr schedules (wsd among them), as a user runs them."""
+"""minillm/training/optim.py: Muon with AdamW (optimizer=muon) and the lr schedules (wsd among them), as a user runs
+them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from processes import cli, ok, summaries
 
 from minillm.errors import ConfigError
 from minillm.model import Transformer
-from minillm.optim import MuonWithAdamW, lr_lambda, param_groups, warmup_schedule
-from minillm.run.naming import run_name
+from minillm.training.optim import MuonWithAdamW, lr_lambda, param_groups, warmup_schedule
+from minillm.training.run.naming import run_name
 
 CORPUS_CHARS = 20_000
 TRAIN = str(ROOT / "train.py")
@@ -71,7 +72,7 @@ def test_the_schedule_scales_both_lrs_and_a_state_dict_continues_exactly():
 
 
 def test_a_bare_muon_is_refused_in_one_line():
-    from minillm.lit_module import LitLM
+    from minillm.training.lit_module import LitLM
 
     module = LitLM(tiny(), optimizer=__import__("functools").partial(torch.optim.Muon, lr=0.02))
     with pytest.raises(ConfigError, match=r"^optimizer._target_=torch.optim.Muon would be given every parameter.*"
@@ -139,7 +140,7 @@ def test_wsd_settings_are_checked_with_their_field_names():
 def test_adamw_is_fused_on_a_gpu_unless_a_grad_scaler_unscales_or_the_config_says_otherwise():
     import functools
 
-    from minillm.optim import with_fused
+    from minillm.training.optim import with_fused
 
     adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
@@ -168,7 +169,7 @@ def test_gradients_are_clipped_under_bf16_with_a_fused_optimizer():
     even in bf16 where nothing is scaled; minillm's module clips there as Lightning clips otherwise."""
     import lightning as L
 
-    from minillm.lit_module import LitLM
+    from minillm.training.lit_module import LitLM
 
     module = LitLM(tiny())
     module.trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, enable_progress_bar=False,

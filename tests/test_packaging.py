@@ -15,15 +15,15 @@ import torch
 from helpers import CONFIGS, ROOT, compose_cfg
 
 import minillm
-import minillm.train as train_script
-from minillm.evaluate import evaluate
+import minillm.training.train as train_script
+from minillm.tools.evaluate import evaluate
 from minillm.version import provenance
 
-SCRIPTS = {"minillm-train": "minillm.train:main", "minillm-report": "minillm.report:main",
-           "minillm-eval": "minillm.evaluate:main", "minillm-sample": "minillm.sample:main",
-           "minillm-export": "minillm.export:main", "minillm-prepare": "minillm.data.prepare:main",
-           "minillm-import": "minillm.import_hf:main", "minillm-inspect": "minillm.inspection:main",
-           "minillm-lm-eval": "minillm.evaluate:lm_eval_main"}
+SCRIPTS = {"minillm-train": "minillm.training.train:main", "minillm-report": "minillm.analysis.report:main",
+           "minillm-eval": "minillm.tools.evaluate:main", "minillm-sample": "minillm.tools.sample:main",
+           "minillm-export": "minillm.tools.export:main", "minillm-prepare": "minillm.tools.prepare:main",
+           "minillm-import": "minillm.tools.import_hf:main", "minillm-inspect": "minillm.tools.inspection:main",
+           "minillm-lm-eval": "minillm.tools.evaluate:lm_eval_main"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_the_wheel_holds_every_config_the_console_scripts_and_the_license(wheel)
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {f"minillm/configs/{p.relative_to(CONFIGS)}" for p in CONFIGS.rglob("*.yaml")}
     assert configs and configs <= names, sorted(configs - names)[:5]
-    assert {"minillm/train.py", "minillm/callbacks/stability.py", "minillm/kernels/rmsnorm.py"} <= names
+    assert {"minillm/training/train.py", "minillm/training/callbacks/stability.py",
+            "minillm/kernels/rmsnorm.py"} <= names
     info = f"minillm-{minillm.__version__}.dist-info"
     entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
     assert all(f"{name} = {target}" in entry_points for name, target in SCRIPTS.items()), entry_points
@@ -54,7 +55,7 @@ def test_the_wheel_holds_every_config_the_console_scripts_and_the_license(wheel)
 def test_an_installed_wheel_finds_its_own_configs(wheel, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path), str(wheel)],
                    check=True, capture_output=True, timeout=300)
-    code = "import minillm.train as t; print(t.config_dir())"
+    code = "import minillm.training.train as t; print(t.config_dir())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -104,7 +105,7 @@ def test_runs_record_the_version_and_commit_and_eval_gives_their_held_out_number
 
 
 def test_eval_command_errors_are_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minillm.evaluate", str(tmp_path / "missing.ckpt")],
+    out = subprocess.run([sys.executable, "-m", "minillm.tools.evaluate", str(tmp_path / "missing.ckpt")],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "missing.ckpt" in out.stderr
     assert out.stderr.startswith("minillm-eval: error: config error: ")  # as the other tools print errors

@@ -1,4 +1,4 @@
-"""minillm/plan.py: a comparison pre-registered with `minillm-report plan`, and a sweep graded against it with
+"""minillm/analysis/plans.py: a comparison pre-registered with `minillm-plan`, and a sweep graded against it with
 `minillm-report ... --plan` (runs started before the plan, a plan edited after the sweep, expectations)."""
 
 from __future__ import annotations
@@ -12,7 +12,21 @@ import pytest
 from test_report import report_main
 from test_verdicts import planted_runs, write_sweep
 
-from minillm.plan import PlanError, parse_plan, record_plan
+from minillm.analysis.plans import PlanError, parse_plan, record_plan
+
+
+def plan_main(args: list, capsys) -> tuple[int, str, str]:
+    """minillm-plan in this process: (exit code, stdout, stderr)."""
+    from minillm.analysis.plans import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
 
 PLAN = """\
 question: Are RMSNorm and ScaleNorm as good as LayerNorm, at each one's own learning rate?
@@ -31,7 +45,7 @@ def planted_after(started_at: str) -> list[dict]:
 
 def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp_path, capsys):
     (tmp_path / "plan.yaml").write_text(PLAN)
-    code, out, err = report_main(["plan", tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"],
+    code, out, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"],
                                  capsys)
     assert code == 0, err
     record = json.loads((tmp_path / "logs" / "s" / "plan.json").read_text())
@@ -42,9 +56,9 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     assert record["plan"]["metric"] == "auto" and record["plan"]["alpha"] == 0.05  # the defaults, recorded
     assert record["rules_version"] == 2 and record["plan"]["failures"] == "penalize"
     assert f"recorded {tmp_path / 'logs' / 's' / 'plan.json'}" in out
-    code, _, err = report_main(["plan", tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
+    code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
     assert code == 2 and "already holds a plan" in err and "pass --force to replace it" in err
-    code, out, _ = report_main(["plan", tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs",
+    code, out, _ = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs",
                                 "--force"], capsys)
     assert code == 0 and out.startswith("replaced (--force)")
 
@@ -63,9 +77,9 @@ def test_plan_fields_are_checked_with_one_error_line(change, error, tmp_path, ca
     lines = [line for line in PLAN.splitlines() if line.split(":")[0] not in change]
     lines += [f"{k}: {v}" for k, v in change.items() if v is not None]
     (tmp_path / "plan.yaml").write_text("\n".join(lines) + "\n")
-    code, _, err = report_main(["plan", tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
+    code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
     assert code == 2, err
-    assert err.splitlines()[-1].startswith(f"minillm-report plan: error: {tmp_path / 'plan.yaml'}: {error}"), err
+    assert err.splitlines()[-1].startswith(f"minillm-plan: error: {tmp_path / 'plan.yaml'}: {error}"), err
     assert not (tmp_path / "logs").exists()
 
 

@@ -1,4 +1,5 @@
-"""Stability forensics as a user runs it: `python train.py` (W&B on, as by default), then `python -m minillm.replay`.
+"""Stability forensics as a user runs it: `python train.py` (W&B on, as by default), then `python -m
+minillm.tools.replay`.
 A replay without override is bit-identical to the original steps; a planted spike (one step's update of one layer
 made 300 times larger) leaves a spike file, its ring-buffer checkpoint and a lead-lag that names the planted layer
 first; a counterfactual replay on the same batches changes the norm."""
@@ -13,8 +14,8 @@ import pytest
 from helpers import ROOT, read_wandb_run
 from processes import cli, ok
 
-from minillm.checkpointing import read_checkpoint_header
-from minillm.runs import find_runs, read_curves
+from minillm.analysis.runs import find_runs, read_curves
+from minillm.training.checkpointing import read_checkpoint_header
 
 TRAIN = str(ROOT / "train.py")
 CORPUS_CHARS = 20_000
@@ -34,7 +35,7 @@ def losses(folder: Path) -> dict[int, float]:
 
 
 def replay(tmp_path: Path, cache: Path, *args: str) -> str:
-    return ok(cli(["-m", "minillm.replay", *args], tmp_path, cache))
+    return ok(cli(["-m", "minillm.tools.replay", *args], tmp_path, cache))
 
 
 def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes_the_norm(tmp_path, shared_cache,
@@ -42,7 +43,7 @@ def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes
     """Steps 4..11 of a 12-step run replayed from its step-4 checkpoint: the same losses bit for bit, the probes on
     every step (the new signals in the CSV and the W&B run, in the run's group, tagged replay); the same stretch with
     norm=layernorm on the same batches: LayerNorm's biases start at their init (recorded), the losses differ; and
-    --compare puts the curves in one plot."""
+    --plot puts the curves in one plot."""
     run = train(tmp_path, shared_cache, corpus, "r", "trainer.max_steps=12", "trainer.val_check_interval=6",
                 "callbacks.step_checkpoints.every_n_train_steps=4")
     out = replay(tmp_path, shared_cache, str(run / "checkpoints"), "--steps", "4:12")
@@ -77,7 +78,7 @@ def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes
         [f"layers.{i}.{s}.bias" for i in range(2) for s in ("attn_norm", "ffn_norm")] + ["norm.bias"])
     assert json.loads((tmp_path / "ln" / "summary.json").read_text())["norm"] == "layernorm"
     assert sorted(losses(tmp_path / "ln")) == list(range(4, 12)) and losses(tmp_path / "ln")[4] != original[4]
-    ok(cli(["-m", "minillm.replay", "--compare", str(run / "replays"), str(tmp_path / "ln"), "--out",
+    ok(cli(["-m", "minillm.tools.replay", "--plot", str(run / "replays"), str(tmp_path / "ln"), "--out",
             str(tmp_path / "both.png")], tmp_path, shared_cache))
     assert (tmp_path / "both.png").stat().st_size > 10_000
 
@@ -187,10 +188,10 @@ def test_a_muon_replay_that_changes_the_norm_gives_each_parameter_its_own_state(
     import torch
     from helpers import tiny
 
-    from minillm.lit_module import LitLM
     from minillm.model import Transformer
-    from minillm.optim import MuonWithAdamW, param_groups
-    from minillm.run.replay import _remap_optimizer
+    from minillm.training.lit_module import LitLM
+    from minillm.training.optim import MuonWithAdamW, param_groups
+    from minillm.training.run.replay_start import _remap_optimizer
 
     torch.manual_seed(0)
     old_cfg = tiny(norm="rmsnorm")
@@ -220,7 +221,7 @@ def test_the_lead_lag_reads_the_first_spike_among_the_replayed_steps():
     """A spike in the steps that only lead up to A is not the replay's spike; one at A is."""
     from omegaconf import OmegaConf
 
-    from minillm.replay import _first_spike
+    from minillm.tools.replay import _first_spike
 
     cfg = OmegaConf.create({"callbacks": {"stability": {"spike_k": 4.0}}})
     curves = {"stab/loss_spike_score": [(17, 9.0), (20, 1.0), (25, 9.0), (41, 9.0)]}
@@ -231,7 +232,7 @@ def test_the_lead_lag_reads_the_first_spike_among_the_replayed_steps():
 
 @pytest.mark.parametrize("override", ["++optimizer.lr=1e-3", "+optimizer.lr=1e-3", "~optimizer.lr"])
 def test_an_override_that_adds_or_deletes_is_refused(override):
-    from minillm.replay import ReplayError, parse_overrides
+    from minillm.tools.replay import ReplayError, parse_overrides
 
     with pytest.raises(ReplayError, match="cannot be replayed"):
         parse_overrides([override])

@@ -1,4 +1,4 @@
-"""The sweep report (minillm/report.py) on a generated sweep, and the W&B sweep config."""
+"""The sweep report (minillm/analysis/report.py) on a generated sweep, and the W&B sweep config."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 import yaml
 from helpers import ROOT, compose_cfg, write_corpus
 
-from minillm.report import PLOTS, lr_sensitivity, summarize, write_report
-from minillm.runs import find_runs
+from minillm.analysis.report import lr_sensitivity, summarize, write_report
+from minillm.analysis.runs import find_runs
+from minillm.analysis.sweep_plots import PLOTS
 
 V = 65
 LOSS_INIT = math.log(V)
@@ -89,7 +90,7 @@ def test_report_rows_statistics_and_plots(sweep):
 def test_plots_compare_arms_on_zoomed_axes_and_a_one_lr_sweep_has_no_lr_plot(tmp_path):
     """Norms overlaid in one panel per placement with the seeds' range; the y axis shows the curves, not ln V; a
     sweep of one lr draws no lr plot and report.md links only the plots it drew."""
-    from minillm.report import zoomed
+    from minillm.analysis.sweep_plots import zoomed
 
     root = tmp_path / "one_lr"
     for i, (norm, seed) in enumerate((n, s) for n in ("layernorm", "rmsnorm") for s in range(3)):
@@ -141,11 +142,11 @@ def test_a_sweep_over_norms_with_their_option_dicts_reports(tmp_path):
 
 
 def test_cli_writes_the_report(sweep, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minillm.report", str(sweep), "--out", str(tmp_path / "r")],
+    out = subprocess.run([sys.executable, "-m", "minillm.analysis.report", str(sweep), "--out", str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "r" / "report.md").exists() and (tmp_path / "r" / "lr_sensitivity.png").exists()
-    missing = subprocess.run([sys.executable, "-m", "minillm.report", str(tmp_path / "empty")],
+    missing = subprocess.run([sys.executable, "-m", "minillm.analysis.report", str(tmp_path / "empty")],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert missing.returncode == 2 and "empty does not exist; allowed: a folder holding run folders" in missing.stderr
 
@@ -198,7 +199,7 @@ def test_optuna_sweeper_preset_minimizes_the_optimized_metric(tmp_path):
 
 def report_main(args: list[str], capsys) -> tuple[int, str, str]:
     """minillm-report in this process: (exit code, stdout, stderr)."""
-    from minillm.report import main
+    from minillm.analysis.report import main
 
     try:
         main([str(a) for a in args])
@@ -212,7 +213,7 @@ def report_main(args: list[str], capsys) -> tuple[int, str, str]:
 def test_compare_writes_verdicts_next_to_the_report(tmp_path, capsys):
     from test_verdicts import planted_runs, write_sweep
 
-    from minillm.compare import VERDICTS_FIELDS
+    from minillm.analysis.compare import VERDICTS_FIELDS
 
     sweep = write_sweep(tmp_path / "planted", planted_runs())
     code, out, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm"], capsys)
@@ -300,7 +301,8 @@ def test_compare_on_a_real_cpu_study_sweep_logs_its_verdicts_to_wandb(tmp_path):
             "scheduler.warmup_steps=5", "data.batch_size=8", "data.val_windows=4", "data=files",
             f"data.files=[{corpus}]", "logger=wandb", "name=cmp"], tmp_path, tmp_path / "cache"))
     (sweep,) = (tmp_path / "logs" / "cmp" / "multiruns").iterdir()
-    out = ok(cli(["-m", "minillm.report", str(sweep), "--compare", "norm", "--baseline", "layernorm", "--wandb"],
+    out = ok(cli(["-m", "minillm.analysis.report", str(sweep), "--compare", "norm", "--baseline", "layernorm",
+                  "--wandb"],
                  tmp_path, tmp_path / "cache"))
     folder = sweep / "report"
     assert all((folder / f).is_file() for f in ("report.md", "verdicts.json", "verdicts.md", "verdicts.png"))

@@ -14,9 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import ROOT, compose_cfg, logged, read_rows
 
-from minillm.lit_module import LitLM
 from minillm.model import ModelConfig
 from minillm.norms import build_norm
+from minillm.training.lit_module import LitLM
 
 WORLD = 2
 B, T, C = 3, 5, 6  # per-process batch
@@ -129,7 +129,7 @@ DDP_FAST = ["callbacks=preemption", "test=false", "trainer.max_steps=6", "traine
 def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path, corpus):
     """trainer=ddp_cpu with batch B = one process with batch 2B: the same windows (StreamSampler), the same
     averaged gradient, so the same validation losses; every val window is counted once (no padding)."""
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     two = compose_cfg(tmp_path / "two", corpus, *DDP_FAST, "trainer=ddp_cpu", "data.batch_size=4",
                       "data.val_windows=7")
@@ -147,7 +147,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signa
     """Under trainer=ddp_cpu only rank 0 gets SIGTERM, after step `signalled` (its hooks for that step have run):
     both processes stop after the same step (the next one; after its validation when it has one), save one
     checkpoint and end with status 143; the resumed run continues the full run's curves exactly."""
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     ddp = [*DDP_FAST, "trainer=ddp_cpu", "data.batch_size=4"]
     full = compose_cfg(tmp_path / "full", corpus, *ddp)
@@ -158,7 +158,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signa
         train_script.train(cfg)
     assert stop.value.code == 128 + signal.SIGTERM
     ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "preempted.ckpt"
-    from minillm.checkpointing import read_checkpoint_header
+    from minillm.training.checkpointing import read_checkpoint_header
 
     assert read_checkpoint_header(ckpt)["global_step"] == stopped
     train_script.train(compose_cfg(tmp_path / "run", corpus, *ddp, "ckpt_path=auto"))
@@ -170,7 +170,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signa
 def test_sync_batchnorm_switch_reaches_minillm_norms(tmp_path, corpus, monkeypatch):
     """trainer.sync_batchnorm=true (Lightning converts only torch's BatchNorm) turns on minillm's sync option."""
     import minillm.model
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     built = []
     real = minillm.model.build_norm
@@ -231,7 +231,7 @@ def test_inductor_compiled_model_trains_like_eager(norm):
 
 def test_perf_metrics_logged_in_a_tiny_run(tmp_path, corpus):
     """tokens/s, FLOP/s, data-wait fraction (and MFU against a configured peak) land in the CSV log."""
-    import minillm.train as train_script
+    import minillm.training.train as train_script
 
     cfg = compose_cfg(tmp_path, corpus, "callbacks=perf", "+callbacks.perf.peak_flops=1e12", "test=false")
     train_script.train(cfg)
@@ -244,14 +244,14 @@ def test_perf_metrics_logged_in_a_tiny_run(tmp_path, corpus):
         assert all(v > 0 for v in values) if key != "perf/data_wait_frac" else all(0 <= v < 1 for v in values)
     tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
     fps = [float(r["perf/flops_per_s_device"]) for r in rows if r.get("perf/flops_per_s_device")]
-    from minillm.callbacks.perf import analytic_flops_per_token
+    from minillm.training.callbacks.perf import analytic_flops_per_token
     per_token = analytic_flops_per_token(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2,
                                                      max_seq_len=32), 32)
     assert fps[-1] / tps[-1] == pytest.approx(per_token, rel=0.05)  # vocab differs slightly from the corpus's
 
 
 def test_measured_flops_match_the_analytic_count():
-    from minillm.callbacks.perf import analytic_flops_per_token, measured_flops_per_batch
+    from minillm.training.callbacks.perf import analytic_flops_per_token, measured_flops_per_batch
 
     cfg = ModelConfig(vocab_size=65, dim=64, n_layers=2, n_heads=4, max_seq_len=32)
     assert measured_flops_per_batch(cfg, 3, 32) == 3 * 32 * analytic_flops_per_token(cfg, 32)
@@ -260,7 +260,7 @@ def test_measured_flops_match_the_analytic_count():
 def test_the_causal_count_keeps_the_keys_the_mask_keeps():
     """Causal attention does (T + 1) / 2 of the full count's attention work per token: at 125M shape (C 768,
     L 12, T 1024) that is ~7% fewer FLOPs per token than the full count MFU uses."""
-    from minillm.callbacks.perf import analytic_flops_per_token
+    from minillm.training.callbacks.perf import analytic_flops_per_token
 
     cfg = ModelConfig(vocab_size=65, dim=64, n_layers=2, n_heads=4, max_seq_len=32)
     full, causal = analytic_flops_per_token(cfg, 32), analytic_flops_per_token(cfg, 32, causal=True)

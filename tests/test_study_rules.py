@@ -66,7 +66,7 @@ def test_s4_r2_powernorm_rules():
     against LayerNorm at both batch sizes."""
     from experiments.common.study import Runs
     from experiments.studies.s4_batchnorm.r2_powernorm import analyze as s4
-    from minillm.callbacks import bn_sampling_null
+    from minillm.training.callbacks import bn_sampling_null
 
     def run(norm, batch, seed, loss, z_ratio=1.0, failed=False):
         curves = {}
@@ -388,7 +388,7 @@ def test_s10_r3_lns_why_rules():
                                                                "R3": "observation"}
     res, _ = lns_why.analyze(runs(0.02, 0.05, 0.3, pre_deep=0.02))  # Pre-LN's deep blocks as busy as its first
     assert res["verdicts"]["R1"][0] == res["verdicts"]["R2"][0] == "premise absent at this scale"
-    from minillm.optim import lr_lambda
+    from minillm.training.optim import lr_lambda
 
     assert lns_why.adam_bound(400) == pytest.approx(1 + 1e-3 * sum(lr_lambda("cosine", 40, 400, 0.1)(t)
                                                                    for t in range(400)))

@@ -20,14 +20,14 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 from minillm.errors import ConfigError, DataError
-from minillm.hub import load_checkpoint
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
-from minillm.run.build import build_trainer, model_config
-from minillm.run.naming import group_sweeps
+from minillm.tools.hub import load_checkpoint
+from minillm.training.run.build import build_trainer, model_config
+from minillm.training.run.naming import group_sweeps
 
 NORM_FILES = sorted(p.stem for p in (CONFIGS / "norm").glob("*.yaml"))
 

@@ -1,4 +1,5 @@
-"""The rules that make a verdict one a statistician would sign (minillm/compare.py, lr_choice.py, lr_curves.py):
+"""The rules that make a verdict one a statistician would sign (minillm/analysis/compare.py, lr_choice.py,
+lr_curves.py):
 failed runs count, the lr is chosen on other seeds than it is judged on, the words control the family-wise error,
 equivalence is the two one-sided tests, and the data a verdict reads is each run once, split on every setting that
 varies, read from the folder it is in. Each test plants sweeps on which the rules before them gave the wrong word."""
@@ -16,8 +17,8 @@ import pytest
 from test_report import report_main
 from test_verdicts import LOSS_INIT, run, write_sweep
 
-from minillm.compare import compare
-from minillm.runs import find_runs
+from minillm.analysis.compare import compare
+from minillm.analysis.runs import find_runs
 
 SEEDS = range(8)
 

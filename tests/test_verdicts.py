@@ -1,4 +1,5 @@
-"""minillm/verdicts.py (the statistics, against known answers) and minillm/compare.py (a sweep's runs -> verdicts) on
+"""minillm/analysis/stats.py (the statistics, against known answers) and minillm/analysis/compare.py (a sweep's runs ->
+verdicts) on
 synthetic sweeps with planted effects: each test plants an effect that the wrong method would call differently."""
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from minillm.compare import CompareError, compare, strata_keys
-from minillm.lr_choice import tuning_loss
-from minillm.rules import REGISTERED_BEFORE
-from minillm.runs import find_runs
-from minillm.verdicts import (
+from minillm.analysis.compare import compare
+from minillm.analysis.lr_choice import tuning_loss
+from minillm.analysis.rules import REGISTERED_BEFORE, CompareError
+from minillm.analysis.runs import find_runs
+from minillm.analysis.stats import (
     bootstrap,
     exact_ci,
     fisher_p,
@@ -27,6 +28,7 @@ from minillm.verdicts import (
     verdict,
     welch_t,
 )
+from minillm.analysis.strata import strata_keys
 
 LOSS_INIT, UNIGRAM = math.log(65), 3.0
 LRS = (1e-3, 3e-3, 1e-2, 3e-2)
@@ -305,7 +307,7 @@ def test_a_higher_is_better_metric_and_the_bootstrap_interval(planted):
 
 
 def test_a_seed_mean_against_a_threshold_gives_its_interval_and_a_one_sided_p():
-    from minillm.verdicts import against_threshold
+    from minillm.analysis.stats import against_threshold
 
     vals = [2.2, 2.4, 2.3, 2.5]
     t = stats.ttest_1samp(vals, 2.0)
@@ -326,7 +328,7 @@ def test_window_error_paired_and_unpaired():
     """Same windows: the error of the difference is that of the per-window differences (hard windows cancel);
     different windows: the arms' window variances add. Added in quadrature to the seeds' error, the interval is
     the seeds' one when the windows add nothing, and wider otherwise."""
-    from minillm.verdicts import window_se, with_window_error
+    from minillm.analysis.stats import window_se, with_window_error
 
     rng = np.random.default_rng(0)
     hardness = rng.normal(2.0, 0.5, size=200)  # shared by every run scored on these windows

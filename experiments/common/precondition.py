@@ -15,7 +15,7 @@ baseline, the threshold, the measured values, and a status:
 The premises (PREMISES) and their thresholds live here, once. Where they came from: the thresholds were fixed in
 this module after the data of S5, S8 and S10 had been seen (their retroactive gate is a reading, disclosed as
 such in those READMEs); every round pre-registered after it uses them as fixed before its runs. A cell's
-interval (minillm.verdicts.against_threshold) is reported beside each status; the status itself counts seeds, a
+interval (minillm.analysis.stats.against_threshold) is reported beside each status; the status itself counts seeds, a
 rule that two or three seeds can apply. ``parts`` counts a multi-part verdict with Holm's adjustment across its
 parts; ``against`` reads one seed mean against its threshold given its interval. A pre-registered test that
 could not have failed (its outcome follows from the construction of the setting) is restated with the word
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 
 PREMISE_ABSENT = "premise absent at this scale"
 OBSERVATION = "observation"  # a pre-registered test that could not have failed, restated as what it saw
@@ -161,7 +161,7 @@ def _num(v: Any) -> str:
 
 def against(values: Sequence[float], threshold: float, direction: str = "at least", alpha: float = 0.05,
             log: bool = False) -> dict:
-    """minillm.verdicts.against_threshold, on log values and log threshold when ``log`` (a ratio; the interval is
+    """minillm.analysis.stats.against_threshold, on log values and log threshold when ``log`` (a ratio; the interval is
     given back on the ratio's scale), plus ``reading``: "holds" when the whole interval lies on the rule's side of
     the threshold, "fails" when it lies wholly on the other side, "unresolved" when it crosses it (or there is
     none), whatever the seed mean says."""

@@ -8,7 +8,7 @@ its docstring, the analysis that will read the runs) and a ``verdict.json`` sayi
 runs its analysis on made-up runs. Its data commit later adds ``runs.jsonl`` and ``results.json`` (then
 experiments.common.layout finds it as an analysis, and the slow test regenerates it) and replaces the verdict.
 
-Every threshold reading goes through experiments.common.precondition.against (minillm.verdicts.against_threshold):
+Every threshold reading goes through experiments.common.precondition.against (minillm.analysis.stats.against_threshold):
 "holds" (the whole 95% interval on the rule's side) -> "confirmed", "fails" (wholly on the other side) -> "not at
 this scale", "unresolved" (it crosses the threshold) -> "unresolved"; a multi-part rule counts its parts with
 Holm's adjustment (precondition.parts); an absent premise turns a word into "premise absent at this scale".

@@ -8,8 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
-from minillm import verdict_report
-from minillm.compare import compare
+from minillm.analysis import verdict_files as verdict_report
+from minillm.analysis.compare import compare
 
 
 def stability(round_folder: Path, factor: str, baseline: str) -> dict:

@@ -4,8 +4,9 @@ Lightning's (no Trainer, no callbacks, no loggers). The calibration study checks
 Nothing about the run is written out here: the model and its norm options, the optimizer and its parameter
 groups, the schedule, clipping, the data and its sample stream come from composing configs/train.yaml with the
 overrides (Hydra's compose API, as tests/helpers.py does) and from minillm's own functions
-(``minillm.run.build.model_config``, ``minillm.optim.param_groups``, the config's optimizer and scheduler partials,
-``minillm.data``'s windows). The loop itself is the only thing written by hand:
+(``minillm.training.run.build.model_config``, ``minillm.training.optim.param_groups``, the config's optimizer and
+scheduler partials,
+``minillm.training.data``'s windows). The loop itself is the only thing written by hand:
   - python, numpy and torch seeded with ``seed`` before the data and the model (as lightning.seed_everything)
   - training sample i starts at ``window_starts(data.seed, [i], N - T)``; step s uses samples s*B .. s*B+B-1
   - cross entropy in fp32, backward, ``clip_grad_norm_`` at ``trainer.gradient_clip_val``, optimizer step, then
@@ -45,7 +46,7 @@ def compose(*overrides: str) -> Any:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from minillm.run.hydra import config_dir  # also registers minillm's resolvers (minillm.min, ...)
+    from minillm.training.run.hydra import config_dir  # also registers minillm's resolvers (minillm.min, ...)
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
@@ -98,15 +99,15 @@ def tokens(cfg: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def model_config(cfg: Any, vocab_size: int) -> ModelConfig:
-    """The ModelConfig train.py builds from cfg.model (minillm.run.build.model_config)."""
-    from minillm.run.build import model_config as from_config
+    """The ModelConfig train.py builds from cfg.model (minillm.training.run.build.model_config)."""
+    from minillm.training.run.build import model_config as from_config
 
     return from_config(cfg, vocab_size)
 
 
 def param_groups(cfg: Any, model: Transformer) -> list[dict]:
     """minillm's optimizer groups, with the config's module.decay_norms / decay_embeddings."""
-    from minillm.optim import param_groups as minillm_groups
+    from minillm.training.optim import param_groups as minillm_groups
 
     return minillm_groups(model, bool(cfg.module.decay_norms), bool(cfg.module.decay_embeddings))
 
@@ -128,7 +129,7 @@ def gather(toks: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Te
 
 def train_batch(toks: np.ndarray, seed: int, step: int, batch_size: int, seq_len: int):
     """The batch of training step ``step``: samples step*B .. step*B+B-1 of the seeded window stream."""
-    from minillm.data import window_starts
+    from minillm.training.data import window_starts
 
     idx = np.arange(step * batch_size, (step + 1) * batch_size)
     return gather(toks, window_starts(seed, idx, len(toks) - seq_len), seq_len)
@@ -152,7 +153,7 @@ def step(model: Transformer, optimizer: torch.optim.Optimizer, scheduler: Any, x
 def evaluate(model: Transformer, val: np.ndarray, seq_len: int, batch_size: int = 32,
              val_windows: int | None = 256, train_mode: bool = False) -> float:
     """Mean next-token loss over the eval windows (eval mode unless train_mode: batch statistics)."""
-    from minillm.data import eval_starts
+    from minillm.training.data import eval_starts
 
     was = model.training
     model.train(train_mode)

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from experiments.common.layout import ROOT, STUDIES
-from minillm.data import TextDataModule
+from minillm.training.data import TextDataModule
 
 # the rounds recorded before the correction (every later round records the validated targets' unigram loss)
 RESCORED = ["s2_warmup/r1_grid", "s3_lr_sensitivity/r1_grid", "s4_batchnorm/r1_grid", "s5_precision/r1_precision",

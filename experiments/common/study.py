@@ -7,7 +7,8 @@ its plots use), ``results.json`` and ``results.md``, and PNGs, into the study's 
 sweep folder given it re-analyzes the committed ``runs.jsonl`` / ``curves.json``, so tables and plots can be
 regenerated without rerunning the sweep. A run's outcome (diverged, failed, stalled, the loss compared) is
 minillm.outcome's rule, read through the helpers below. Every interval, test and verdict word comes from
-minillm.verdicts (``paired`` below pairs two arms by seed for its paired t interval) or minillm.compare (a
+minillm.analysis.stats (``paired`` below pairs two arms by seed for its paired t interval) or minillm.analysis.compare
+(a
 study's ``verdicts.json``: what ``minillm-report --compare`` gives for the same runs), never from a copy.
 """
 
@@ -21,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from minillm import verdict_report
-from minillm import verdicts as st
-from minillm.runs import find_runs
+from minillm.analysis import stats as st
+from minillm.analysis import verdict_files as verdict_report
+from minillm.analysis.runs import find_runs
 
 
 class Runs(list):
@@ -51,7 +52,7 @@ def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
                   argv: Sequence[str] | None = None, engine: Callable[[Runs], dict] | None = None) -> None:
     """A study's analysis CLI: its runs (sweep folders, or the committed copy in ``folder``), keeping the curves
     ``metrics`` selects; ``analyze`` gives results.json's dict and results.md's text; ``plot`` draws from the runs;
-    ``engine`` gives verdicts.json's dict (minillm.compare.compare on the runs)."""
+    ``engine`` gives verdicts.json's dict (minillm.analysis.compare.compare on the runs)."""
     args = parse_args(doc, argv)
     out = args.out or folder
     runs = load(folder, args.sweeps, metrics, out)
@@ -89,11 +90,11 @@ def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool]
                 for s, c in zip(summaries, curves, strict=True))
 
 
-# --- comparisons, by minillm.verdicts ------------------------------------------------------------------------
+# --- comparisons, by minillm.analysis.stats ------------------------------------------------------------------------
 
 
 def paired(arm: Mapping[Any, float | None], baseline: Mapping[Any, float | None], alpha: float = 0.05) -> dict:
-    """minillm.verdicts.paired_t of arm[seed] - baseline[seed] over the seeds both hold a number for (in seed
+    """minillm.analysis.stats.paired_t of arm[seed] - baseline[seed] over the seeds both hold a number for (in seed
     order), with ``seeds`` added: {diff, ci_low, ci_high, p, sd, n, method, seeds}. The interval a study gives a
     difference of seed means; with fewer than 2 pairs its ends are None."""
     seeds = sorted(s for s in arm if s in baseline and arm[s] is not None and baseline[s] is not None)
@@ -112,14 +113,14 @@ def ci(result: Mapping[str, Any], digits: int = 3) -> str:
 
 
 def rate_ci(k: int, n: int, digits: int = 2) -> str:
-    """k/n with the Clopper-Pearson 95% interval of the rate (minillm.verdicts.exact_ci): "6/10 [0.26, 0.88]"."""
+    """k/n with the Clopper-Pearson 95% interval of the rate (minillm.analysis.stats.exact_ci): "6/10 [0.26, 0.88]"."""
     interval = st.exact_ci(k, n)
     return f"{k}/{n}" + ("" if interval is None else f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]")
 
 
 def write_verdicts(folder: Path, verdicts: dict[str, Any]) -> None:
-    """verdicts.json, verdicts.md and verdicts.png of minillm.compare's dict for the study's runs, written as
-    ``minillm-report --compare`` writes them (minillm.verdict_report)."""
+    """verdicts.json, verdicts.md and verdicts.png of minillm.analysis.compare's dict for the study's runs, written as
+    ``minillm-report --compare`` writes them (minillm.analysis.verdict_files)."""
     verdict_report.write(verdicts, folder)
 
 

@@ -121,9 +121,10 @@ def _s0_table_ratio(folder: Path) -> Numbers:
 
 
 def _lr_sensitivity_per_seed(runs: list[dict], **arm: Any) -> dict[int, float]:
-    """seed -> the lr sensitivity of one arm's runs of that seed (minillm.report's measure, a round's own loss)."""
+    """seed -> the lr sensitivity of one arm's runs of that seed (minillm.analysis.report's measure, a round's own
+    loss)."""
+    from minillm.analysis.report import lr_sensitivity
     from minillm.outcome import loss_for_comparison
-    from minillm.report import lr_sensitivity
 
     mine = [r for r in runs if all(r[k] == v for k, v in arm.items())]
     return {seed: lr_sensitivity({r["lr"]: loss_for_comparison(r) for r in mine if r["seed"] == seed})
@@ -195,7 +196,7 @@ def _s4_r3(folder: Path) -> Numbers:
 
 def _s9_r1(folder: Path) -> Numbers:
     """W per seed: each norm's best cell without warmup minus its best with warmup 40 (the cells W compares, by
-    their seed means), with minillm.verdicts' paired t interval."""
+    their seed means), with minillm.analysis.stats' paired t interval."""
     from experiments.common.study import by_seed, paired
     from minillm.outcome import loss_for_comparison
 

@@ -1,4 +1,5 @@
-"""DivergenceGuard (minillm/callbacks/divergence.py) and the checkpoint callback that stops saving after a divergence
+"""DivergenceGuard (minillm/training/callbacks/divergence.py) and the checkpoint callback that stops saving after a
+divergence
 (checkpoint.py)."""
 
 
@@ -16,11 +17,11 @@ import pytest
 import torch
 from helpers import ROOT, compose_cfg, logged, read_rows
 
-import minillm.train as train_script
-from minillm.callbacks import Checkpoint, DivergenceGuard, RunTotals, params_finite
-from minillm.callbacks.divergence import weights_norm
-from minillm.callbacks.reads import DeviceReads
-from minillm.report import write_report
+import minillm.training.train as train_script
+from minillm.analysis.report import write_report
+from minillm.training.callbacks import Checkpoint, DivergenceGuard, RunTotals, params_finite
+from minillm.training.callbacks.divergence import weights_norm
+from minillm.training.callbacks.reads import DeviceReads
 
 
 def test_divergence_guard_loss_ceiling_and_checkpoint_freeze():

@@ -1,4 +1,4 @@
-"""NormHistograms (minillm/callbacks/histograms.py): histograms of constant and non-finite values."""
+"""NormHistograms (minillm/training/callbacks/histograms.py): histograms of constant and non-finite values."""
 
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 def test_histograms_of_constant_or_non_finite_values(values):
     import wandb
 
-    from minillm.callbacks.histograms import histogram
+    from minillm.training.callbacks.histograms import histogram
 
     counts, edges = histogram(values)
     finite = values[values.isfinite()]
@@ -24,6 +24,6 @@ def test_histograms_of_constant_or_non_finite_values(values):
 
 
 def test_a_histogram_of_nothing_finite_is_none():
-    from minillm.callbacks.histograms import histogram
+    from minillm.training.callbacks.histograms import histogram
 
     assert histogram(torch.tensor([float("nan"), float("inf")])) is None

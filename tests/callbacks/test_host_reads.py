@@ -1,6 +1,6 @@
 """How often training reads the device: on a GPU each read (.item(), .tolist(), float(), .cpu(), ...) waits for
 the queued work, a host synchronization. In the default GPU path with the default callbacks, a step that logs
-nothing reads nothing, and a logging step reads once (DeviceReads, minillm/callbacks/reads.py), whoever asks:
+nothing reads nothing, and a logging step reads once (DeviceReads, minillm/training/callbacks/reads.py), whoever asks:
 Lightning, the LightningModule, the callbacks, the optimizer.
 
 On the CPU every tensor read of a training step is counted, from anywhere, except those of the data pipeline (the
@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 
 READS = ("tolist", "item", "__float__", "__bool__", "__int__", "__index__", "cpu", "numpy")
 HOST_SIDE = ("torch/utils/data/", "lightning/pytorch/loops/fetchers.py", "lightning/pytorch/utilities/combined_loader",

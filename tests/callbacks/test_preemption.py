@@ -1,4 +1,5 @@
-"""PreemptionCheckpoint (minillm/callbacks/preemption.py): SIGTERM, SIGUSR2 and Ctrl-C stop at a step boundary with a
+"""PreemptionCheckpoint (minillm/training/callbacks/preemption.py): SIGTERM, SIGUSR2 and Ctrl-C stop at a step boundary
+with a
 checkpoint that resumes exactly, also around a validation."""
 
 
@@ -22,8 +23,8 @@ from helpers import (
     run_fast,
 )
 
-import minillm.train as train_script
-from minillm.checkpointing import (
+import minillm.training.train as train_script
+from minillm.training.checkpointing import (
     read_checkpoint_header,
 )
 

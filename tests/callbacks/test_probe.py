@@ -1,4 +1,5 @@
-"""ActivationProbe (minillm/callbacks/probe.py): attention logits and entropy, the outlier ratio and kurtosis of norm
+"""ActivationProbe (minillm/training/callbacks/probe.py): attention logits and entropy, the outlier ratio and kurtosis
+of norm
 inputs, BatchNorm's batch-vs-running distances and their sampling null, every norm site of every norm and placement."""
 
 
@@ -10,14 +11,14 @@ import pytest
 import torch
 from helpers import EAGER_NORMS
 
-from minillm.callbacks import (
+from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
+from minillm.norms import BatchNorm
+from minillm.training.callbacks import (
     ActivationProbe,
     bn_sampling_null,
     bn_stat_distance,
     feature_kurtosis,
 )
-from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
-from minillm.norms import BatchNorm
 
 
 def brute_force_max_logit(attn, x, cos, sin) -> float:

@@ -1,4 +1,4 @@
-"""Progress output (minillm/callbacks/progress.py): the rich bar's label and step count, log lines above it."""
+"""Progress output (minillm/training/callbacks/progress.py): the rich bar's label and step count, log lines above it."""
 
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import lightning as L
 from helpers import compose_cfg
 from omegaconf import open_dict
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 
 
 def test_progress_bar_labels_step_based_runs_without_a_negative_epoch_count():
 
-    from minillm.callbacks import RichBar
+    from minillm.training.callbacks import RichBar
 
     bar = RichBar()
     bar._trainer = SimpleNamespace(max_epochs=-1)  # training by steps (trainer.max_epochs=-1)
@@ -28,7 +28,7 @@ def test_progress_bar_labels_step_based_runs_without_a_negative_epoch_count():
 def test_the_rich_bar_counts_the_steps_of_the_whole_run_after_a_resume(tmp_path, corpus):
     """Resumed mid-epoch at step 3 of 6: the bar reads 6/6 at the end (Lightning's reads batches of this epoch
     against the steps left: 6/3)."""
-    from minillm.callbacks.progress import RichBar
+    from minillm.training.callbacks.progress import RichBar
 
     first = compose_cfg(tmp_path, corpus, "trainer.max_steps=3", "scheduler=constant", "test=false")
     train_script.train(first)
@@ -56,7 +56,7 @@ def test_log_lines_print_above_the_rich_bar(monkeypatch):
     import io
     import logging
 
-    from minillm.callbacks.progress import follow_console
+    from minillm.training.callbacks.progress import follow_console
 
     logger = logging.getLogger("test-follow-console")
     handler = logging.StreamHandler(sys.stdout)

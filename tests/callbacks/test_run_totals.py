@@ -1,10 +1,11 @@
-"""RunTotals (minillm/callbacks/run_totals.py): the run-level maxima and counts of summary.json, in one state."""
+"""RunTotals (minillm/training/callbacks/run_totals.py): the run-level maxima and counts of summary.json, in one
+state."""
 
 from __future__ import annotations
 
 import torch
 
-from minillm.callbacks import RunTotals
+from minillm.training.callbacks import RunTotals
 
 
 def test_maxima_counts_and_last_values_with_tensors_kept_on_their_device():

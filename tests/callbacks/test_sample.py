@@ -1,4 +1,4 @@
-"""TextSample (minillm/callbacks/sample.py): the prompt on a user's own corpus."""
+"""TextSample (minillm/training/callbacks/sample.py): the prompt on a user's own corpus."""
 
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers import compose_cfg
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 
 
 def test_samples_of_a_users_corpus_start_from_its_own_text(tmp_path, corpus):

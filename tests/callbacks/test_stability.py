@@ -1,4 +1,5 @@
-"""StabilityMonitor (minillm/callbacks/stability.py): the spike detector, every stability metric logged, the gradient
+"""StabilityMonitor (minillm/training/callbacks/stability.py): the spike detector, every stability metric logged, the
+gradient
 totals over every step, the GradScaler's skipped steps, the output-change probe."""
 
 
@@ -16,15 +17,15 @@ from helpers import MemoryLogger, PoisonGrad, compose_cfg, logged, read_rows
 from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
-import minillm.train as train_script
-from minillm.callbacks import (
+import minillm.training.train as train_script
+from minillm.training.callbacks import (
     DivergenceGuard,
     LossSpikeDetector,
     RunTotals,
     StabilityMonitor,
     spike_scores,
 )
-from minillm.run.build import model_config
+from minillm.training.run.build import model_config
 
 SUMMARY_FIELDS = {  # config
     "name", "norm", "placement", "lr", "warmup_steps", "precision", "precision_used", "seed", "dim",

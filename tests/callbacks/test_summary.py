@@ -1,4 +1,4 @@
-"""RunSummary (minillm/callbacks/summary.py): a crashed run's summary."""
+"""RunSummary (minillm/training/callbacks/summary.py): a crashed run's summary."""
 
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import compose_cfg
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 
 
 def test_a_crashed_run_is_failed_in_its_summary_even_with_a_good_validation(tmp_path, corpus):
@@ -39,10 +39,10 @@ def test_the_steady_window_starts_at_half_of_max_steps_and_leaves_out_a_resumed_
 
     import torch
 
-    from minillm.callbacks import RunSummary
+    from minillm.training.callbacks import RunSummary
 
     now = [0.0]
-    monkeypatch.setattr("minillm.callbacks.summary.time.time", lambda: now[0])
+    monkeypatch.setattr("minillm.training.callbacks.summary.time.time", lambda: now[0])
     batch = (torch.zeros(2, 8, dtype=torch.long),)
 
     def run(summary, steps_and_times):

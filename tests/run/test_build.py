@@ -1,4 +1,4 @@
-"""Building a run (minillm/run/build.py): the validation cadence in optimizer steps, deterministic mode."""
+"""Building a run (minillm/training/run/build.py): the validation cadence in optimizer steps, deterministic mode."""
 
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from helpers import compose_cfg, read_rows
 
-import minillm.train as train_script
+import minillm.training.train as train_script
 from minillm.model import ModelConfig, Transformer
-from minillm.run import build
-from minillm.run.build import build_trainer
+from minillm.training.run import build
+from minillm.training.run.build import build_trainer
 
 
 def test_validation_counts_optimizer_steps_under_gradient_accumulation(tmp_path, corpus):

@@ -1,6 +1,7 @@
-"""Decay branches (decay_from=, minillm/run/resume.py): from a stable run's checkpoint, a new run that decays and
+"""Decay branches (decay_from=, minillm/training/run/resume.py): from a stable run's checkpoint, a new run that decays
+and
 records its parent; the same losses as the WSD run of that budget; every other settings change refused; the report's
-loss-vs-tokens plot across branches (minillm/branch_report.py). Run as a user runs them, W&B on."""
+loss-vs-tokens plot across branches (minillm/analysis/branches.py). Run as a user runs them, W&B on."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_decay_branches_are_new_runs_with_the_losses_of_the_wsd_run_of_their_bud
 
     ok(cli([*base, f"decay_from={runs / 'stable' / 'checkpoints' / 'step-4.ckpt'}", "run_id=b4",
             "scheduler.decay_shape=linear", "trainer.val_check_interval=5", "test=false"], tmp_path, shared_cache))
-    out = ok(cli(["-m", "minillm.report", str(tmp_path / "logs" / "wsd")], tmp_path, shared_cache))
+    out = ok(cli(["-m", "minillm.analysis.report", str(tmp_path / "logs" / "wsd")], tmp_path, shared_cache))
     report = (tmp_path / "logs" / "wsd" / "report" / "report.md").read_text()
     assert (tmp_path / "logs" / "wsd" / "report" / "loss_vs_tokens.png").stat().st_size > 10_000, out
     assert re.search(r"\| stable \| 4 \| 5 \| 640 \| [\d.]+ \| - \| b4 \|", report), report

@@ -1,7 +1,7 @@
 """A stop signal in every phase of a run, sent to a real `python train.py` process: set-up, a training step, a
 validation, the final sample, the held-out test and the final writes. Each leaves a true status, a resumable
 checkpoint and a closing line that says how to resume; the resume finishes the missing phases and ends where an
-uninterrupted run ends (minillm/run/signals.py, docs/reliability.md)."""
+uninterrupted run ends (minillm/training/run/signals.py, docs/reliability.md)."""
 
 from __future__ import annotations
 

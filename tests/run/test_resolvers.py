@@ -8,7 +8,7 @@ import pytest
 from helpers import CONFIGS
 
 from minillm.errors import ConfigError
-from minillm.run import resolvers
+from minillm.training.run import resolvers
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""Resuming (minillm/run/resume.py): in the run's own folder, with the same settings, exactly (BatchNorm statistics,
+"""Resuming (minillm/training/run/resume.py): in the run's own folder, with the same settings, exactly (BatchNorm
+statistics,
 bf16, the GradScaler), and evaluating a checkpoint with train=false."""
 
 
@@ -24,15 +25,15 @@ from helpers import (
 )
 from lightning.pytorch.plugins import MixedPrecision
 
-import minillm.train as train_script
-from minillm.checkpointing import (
+import minillm.training.train as train_script
+from minillm.errors import ConfigError
+from minillm.model import ModelConfig
+from minillm.training.checkpointing import (
     AtomicCheckpointIO,
     read_checkpoint_header,
 )
-from minillm.data import TextDataModule
-from minillm.errors import ConfigError
-from minillm.lit_module import LitLM
-from minillm.model import ModelConfig
+from minillm.training.data import TextDataModule
+from minillm.training.lit_module import LitLM
 
 CORPUS_CHARS = 8000  # the corpus fixture's size for this module
 
@@ -103,7 +104,7 @@ def test_a_constant_lr_run_may_be_extended_and_a_cosine_one_may_not(tmp_path, co
 
 
 def test_ckpt_path_auto_takes_the_newest_valid_checkpoint(tmp_path):
-    from minillm.checkpointing import find_resume_checkpoint
+    from minillm.training.checkpointing import find_resume_checkpoint
 
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()

@@ -10,7 +10,7 @@ Criterion, fixed before the runs: |mean test loss of train.py - mean test loss o
 over SEEDS. The seeds' spread is reported beside it (the two arms draw different windows and init values, so
 a seed of one arm is not paired with the same seed of the other), and, beside the criterion without deciding
 anything, Welch's 95% interval of the difference with the engine's word for it at the margin TARGET
-(minillm.verdicts.welch_t, verdict).
+(minillm.analysis.stats.welch_t, verdict).
 
     .venv/bin/python -m experiments.benchmarks.calibration.independent             # ~25 min on 2 cores
     .venv/bin/python -m experiments.benchmarks.calibration.independent --report    # tables from the committed JSON
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from experiments.common.layout import ROOT
 from experiments.common.machine import machine
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 
 OUT = Path(__file__).parent
 RESULTS = OUT / "independent.json"
@@ -42,7 +42,7 @@ SEEDS = (1337, 1338, 1339)
 
 def corpus_file(work: Path) -> Path:
     """minillm's Shakespeare text (Gutenberg boilerplate removed, documents joined by blank lines) as a file."""
-    from minillm.data.corpus import load_shakespeare
+    from minillm.training.data.corpus import load_shakespeare
 
     path = work / "shakespeare.txt"
     if not path.exists():
@@ -101,7 +101,7 @@ def report(res: dict) -> str:
         f"{v['train_py_seed_range']:.4f} (train.py) and {v['loop_seed_range']:.4f} (loop); "
         f"{'within' if v['within_target'] else 'outside'} the target."
         + (f" Welch's 95% interval [{v['welch_t']['ci_low']:+.4f}, {v['welch_t']['ci_high']:+.4f}]: "
-           f"{v['engine_verdict']} at the margin {res['target']} (minillm.verdicts; beside the criterion)."
+           f"{v['engine_verdict']} at the margin {res['target']} (minillm.analysis.stats; beside the criterion)."
            if v.get("welch_t", {}).get("ci_low") is not None else "")])
 
 

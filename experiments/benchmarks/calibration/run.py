@@ -27,8 +27,8 @@ import torch
 
 from experiments.common.layout import ROOT
 from experiments.common.reference import compose, train
+from minillm.analysis.runs import read_curves
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
-from minillm.runs import read_curves
 
 OUT = Path(__file__).parent
 

@@ -169,8 +169,8 @@ def documents(files: list[str]):
 
 def run_prepare(args: argparse.Namespace) -> dict:
     """minillm: TextDataModule(...).prepare_data() into a fresh cache; the tokenizer's build is timed apart."""
-    from minillm.data import TextDataModule
-    from minillm.data import store as S
+    from minillm.training.data import TextDataModule
+    from minillm.training.data import store as S
 
     timed = {}
     make_tokenizer = S.make_tokenizer
@@ -203,7 +203,7 @@ def run_prepare(args: argparse.Namespace) -> dict:
 def run_hit(args: argparse.Namespace) -> dict:
     """minillm start-up on a cache hit: build the datamodule, prepare_data, setup, first train batch."""
     start = time.perf_counter()
-    from minillm.data import TextDataModule
+    from minillm.training.data import TextDataModule
 
     import_seconds = time.perf_counter() - start
     dm = None

@@ -7,7 +7,7 @@ corpus in anonymous memory (the process and its workers), whatever the corpus si
 The corpus is 40 plain-text files made from the embedded Shakespeare (its lines shuffled, each file --mb / 40
 MB), and a byte-level BPE tokenizer.json of 4,096 tokens trained outside minillm (`tokenizers`) on 5 MB of it:
 a user's own corpus and tokenizer. Each variant (char, byte, bpe, that tokenizer.json) prepares it with
-``python -m minillm.data.prepare`` in a fresh cache, as a subprocess whose tree's anonymous memory
+``python -m minillm.tools.prepare`` in a fresh cache, as a subprocess whose tree's anonymous memory
 (/proc/<pid>/smaps_rollup, Pss_Anon, summed over the process and its children: pages a forked worker still
 shares with its parent count once) is sampled every 20 ms; the
 same command on a 1 MB corpus is the baseline, so the result is what the corpus adds: peak - baseline peak,
@@ -52,7 +52,7 @@ def anonymous_kb(pid: int) -> int:
 
 def make_corpus(folder: Path, mb: float, seed: int = 0) -> int:
     """FILES text files of shuffled Shakespeare lines, ``mb`` MB in all; returns the bytes written."""
-    from minillm.data.corpus import shakespeare_files
+    from minillm.training.data.corpus import shakespeare_files
 
     lines = "\n".join(Path(f).read_text(errors="replace") for f in shakespeare_files()).split("\n")
     rng, size = random.Random(seed), int(mb * (1 << 20) / FILES)
@@ -79,7 +79,7 @@ def train_tokenizer_json(corpus: Path, path: Path) -> None:
 
 def prepare_peak(corpus: Path, tokenizer: str, cache: Path, num_proc: int | None = None) -> dict:
     """Run the prepare command; its tree's peak anonymous memory (MB), its wall time and its processes."""
-    args = [sys.executable, "-m", "minillm.data.prepare", "data=files", f"data.files=[{corpus}]",
+    args = [sys.executable, "-m", "minillm.tools.prepare", "data=files", f"data.files=[{corpus}]",
             f"data.tokenizer={tokenizer}", f"data.cache_dir={cache}", "data.vocab_size=4096"]
     args += [f"data.num_proc={num_proc}"] if num_proc else []
     start = time.time()

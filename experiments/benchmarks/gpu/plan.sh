@@ -115,12 +115,12 @@ case $STEP in
 runs = [json.loads(p.read_text()) for p in Path(sys.argv[1]).glob('*/summary.json')]
 rates = [r['steady_tokens_per_s'] for r in runs if r.get('norm') == 'rmsnorm' and r.get('steady_tokens_per_s')]
 print(0.02 * statistics.median(rates) if rates else 'none')" "$sweep")
-      step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
+      step 60 verdicts $PY -m minillm.analysis.report "$sweep" --compare norm --baseline rmsnorm --margin 0.02 \
         --out "$OUT/norms_loss"
       if [ "$margin" = none ]; then
         echo "== no rmsnorm run with a steady rate: no speed verdict" | tee -a "$OUT/verdicts.log"; status=1
       else
-        step 60 verdicts $PY -m minillm.report "$sweep" --compare norm --baseline rmsnorm \
+        step 60 verdicts $PY -m minillm.analysis.report "$sweep" --compare norm --baseline rmsnorm \
           --metric steady_tokens_per_s --higher-is-better --margin "$margin" --out "$OUT/norms_speed"
       fi
     fi ;;

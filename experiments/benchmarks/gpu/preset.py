@@ -8,7 +8,8 @@ off, eager and compiled: four short train.py runs, read back from their CSV logs
 Each run is `python train.py trainer=gpu model=gpt125m logger=csv` with validation, test, checkpoints, the
 progress bar and the text sample off (they are not part of a training step), for --steps steps. "Stability off"
 removes callbacks.stability and callbacks.divergence (StabilityMonitor and DivergenceGuard); PerfMonitor stays,
-it is what measures: perf/tokens_per_s and perf/mfu every trainer.log_every_n_steps steps (minillm/callbacks/perf.py:
+it is what measures: perf/tokens_per_s and perf/mfu every trainer.log_every_n_steps steps
+(minillm/training/callbacks/perf.py:
 FLOPs counted by FlopCounterMode, peak from Lightning's table). The first third of the logged intervals
 (compilation, warm-up) is dropped and the median of the rest is reported. Writes DIR/preset.json and .md after
 every run; a run that fails becomes an error row with the end of its log. Imports only the standard library.

@@ -45,9 +45,9 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
 from experiments.common.machine import machine
-from minillm.callbacks import ActivationProbe
-from minillm.run.build import model_config
-from minillm.run.hydra import config_dir
+from minillm.training.callbacks import ActivationProbe
+from minillm.training.run.build import model_config
+from minillm.training.run.hydra import config_dir
 
 HERE = Path(__file__).resolve().parent
 

@@ -315,7 +315,8 @@ def _train_lines(train: list[dict], report_runs: dict) -> list[str]:
     lines = ["", "## Train step (~125M LLaMA-style, AdamW)", "",
              "`bf16-mixed`: fp32 weights under bf16 autocast, so the residual stream and the norms' inputs stay fp32; "
              "`bf16-true`: the model in bf16, the setting where a bf16 norm kernel reads and writes bf16. `loss`: "
-             "`plain` materializes the fp32 logits of the whole batch, `chunked` (minillm.loss) never does. MFU counts "
+             "`plain` materializes the fp32 logits of the whole batch, `chunked` (minillm.training.loss) "
+             "never does. MFU counts "
              "attention over all T keys (12 L C T per token, as PaLM and nanoGPT do), in brackets over the keys a "
              "causal mask keeps (6 L C (T + 1)); the target is judged on the causal count. ms/step: the median of "
              "windows of steps synchronized at their ends where a row has `window_ms` (its [min, max] over the "

@@ -4,7 +4,8 @@ vocabulary, its forward and loss compiled together (or eager), fused AdamW.
 ``--train-matrix full`` (the default): rmsnorm vs fused_rmsnorm (with and without the fused residual add) and
 layernorm, compiled and eager, bf16-mixed and bf16-true, at ``--train-batch`` sequences, the plain loss.
 ``--train-matrix loss``: what the GPU step of the next run measures: compiled, bf16-mixed, the chunked loss
-(minillm.loss) at three batch sizes for rmsnorm (tokens/s and peak memory: the batch that fills the device), at two
+(minillm.training.loss) at three batch sizes for rmsnorm (tokens/s and peak memory: the batch that fills the device),
+at two
 for fused_rmsnorm, and the plain loss at the middle one (what the chunked loss buys).
 
 The configurations of one batch size are timed in interleaved windows (window 1 of each, then window 2, ...), each
@@ -30,7 +31,7 @@ def peak_flops(device: str) -> float | None:
     """bf16 dense peak of the GPU, from minillm's one table (None on the CPU)."""
     import torch
 
-    from minillm.callbacks.perf import device_peak_flops
+    from minillm.training.callbacks.perf import device_peak_flops
 
     return device_peak_flops(torch.device("cuda"), torch.bfloat16) if device == "cuda" else None
 
@@ -87,8 +88,8 @@ def _stepper(device: str, kw: dict, c: dict, batch: int):
     backward, fused AdamW on a GPU."""
     import torch
 
-    from minillm.loss import linear_cross_entropy
     from minillm.model import Transformer
+    from minillm.training.loss import linear_cross_entropy
 
     torch.manual_seed(0)
     model = Transformer(_config(kw, c)).to(device, dtype=torch.bfloat16 if c["precision"] == "bf16-true" else None)
@@ -155,7 +156,7 @@ def train_group(device: str, kw: dict, group: list[dict], steps: int, warmup: in
             peaks.append(torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None)
             c["loss"] = loss.item()  # after the window's end: outside the timing
     try:
-        from minillm.callbacks.perf import analytic_flops_per_token  # imports lightning
+        from minillm.training.callbacks.perf import analytic_flops_per_token  # imports lightning
     except Exception:
         analytic_flops_per_token = None
     for c, _step, model, times, peaks in runs:

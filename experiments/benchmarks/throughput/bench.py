@@ -39,8 +39,8 @@ import torch.nn.functional as F  # noqa: E402
 from experiments.common import reference  # noqa: E402  (imports Hydra and datasets only when (a) / (b) run)
 from experiments.common.failure import failure  # noqa: E402
 from experiments.common.machine import machine  # noqa: E402
-from minillm.callbacks.perf import analytic_flops_per_token, device_peak_flops  # noqa: E402
 from minillm.model import ModelConfig, Transformer  # noqa: E402
+from minillm.training.callbacks.perf import analytic_flops_per_token, device_peak_flops  # noqa: E402
 
 
 class _StepClock(L.Callback):
@@ -64,8 +64,8 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import minillm.train as train_script
-    from minillm.run.hydra import config_dir
+    import minillm.training.train as train_script
+    from minillm.training.run.hydra import config_dir
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
@@ -77,7 +77,7 @@ def lightning_tokens_per_s(steps: int, skip: int, tmp: Path) -> float:
         cfg.paths.output_dir = str(tmp / f"run-{time.time_ns()}")
         del cfg["hydra"]
     clock = _StepClock(skip)
-    import minillm.run.build as build
+    import minillm.training.run.build as build
 
     real = build.instantiate
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from experiments.benchmarks.throughput.peer import timed
 from experiments.common.layout import ROOT
 from experiments.common.machine import machine, this_checkout
-from minillm.runs import read_curves
+from minillm.analysis.runs import read_curves
 
 HERE = Path(__file__).resolve().parent
 ARMS = ("baseline", "eager", "compiled-cold", "compiled-warm")

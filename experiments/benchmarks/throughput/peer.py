@@ -92,7 +92,7 @@ def loss_at(curve: list[tuple[int, float]], times: tuple[list[int], list[float]]
 
 
 def run_minillm(steps: int, threads: int, compile_: bool, work: Path, skip: int) -> dict:
-    from minillm.runs import read_curves
+    from minillm.analysis.runs import read_curves
 
     log_dir = work / "minillm"
     before = set(log_dir.glob("peer/runs/*"))

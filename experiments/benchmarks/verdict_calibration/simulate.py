@@ -1,4 +1,4 @@
-"""Simulated sweeps with known truth, judged by minillm.compare: how often each rule says a false word.
+"""Simulated sweeps with known truth, judged by minillm.analysis.compare: how often each rule says a false word.
 
 A run's loss is, for arm a at learning rate lr and seed s,
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from minillm.compare import compare
+from minillm.analysis.compare import compare
 
 LN_V = math.log(88)  # the character vocabulary of the embedded corpus
 BASE, UNIGRAM = 1.9, 3.3
@@ -57,7 +57,7 @@ class Scenario:
 
 RULES: dict[str, dict[str, Any]] = {
     "before": {"metric": "final_val_loss", "lr_choice": "same", "failures": "drop", "adjust": "none",
-               "equivalence": "interval"},  # the rules registered before 2026-11-28 (minillm.rules.REGISTERED_BEFORE)
+               "equivalence": "interval"},  # the rules registered before 2026-11-28 (REGISTERED_BEFORE)
     "default": {},  # lr chosen on the validation loss, verdict on the test loss
     "same data": {"lr_choice": "same"},
     "cross-fit": {"lr_choice": "crossfit"},

@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from experiments.common.layout import STUDIES
 from experiments.common.plots import pyplot, save
 from experiments.common.reference import Loop, compose, evaluate, gather, model_config, tokens, train
-from minillm.data import eval_starts
 from minillm.model import Transformer
 from minillm.norms import build_norm
+from minillm.training.data import eval_starts
 
 OUT = Path(__file__).parent
 TRAIN_STEPS = 200  # the "trained model" of dist: the default config (rmsnorm, pre) for 200 steps

@@ -25,7 +25,8 @@ Hypotheses (Li et al. 2024, "Mix-LN: Unleashing the Power of Deeper Layers by Co
   M3 Mix-LN trains better than Pre-LN: mean val loss lower by >= GAP. Confirmed: at both depths; partly: one;
      not at this scale: neither. (Against Post-LN: reported.)
 Beside M3's rule, not part of it: the 95% paired t interval of each difference over the seeds
-(minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each placement against Pre-LN
+(minillm.analysis.stats.paired_t), and verdicts.json (.md, .png): minillm.analysis.compare's verdicts, each placement
+against Pre-LN
 per depth, margin GAP (what `minillm-report <sweep> --compare placement --baseline pre` gives).
 
 Added after the data (the precondition gate, experiments.common.precondition; the rules above are unchanged):
@@ -53,10 +54,10 @@ from experiments.common import precondition as pre
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write, write_verdicts
-from minillm.compare import compare
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.metrics import VAL_LOSS, parse_metric
 from minillm.outcome import final_loss
-from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class Skip(nn.Module):
 def layer_drop(ckpt: Path) -> dict:
     """Val loss of the checkpoint's model intact and with each block skipped in turn."""
     from experiments.common import reference
-    from minillm.hub import load_checkpoint
+    from minillm.tools.hub import load_checkpoint
 
     model, _, meta = load_checkpoint(ckpt)
     cfg = reference.compose()
@@ -192,7 +193,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate)}\n\n### Verdicts (rules fixed "
           f"before the runs; the precondition gate and Holm's adjustment added after the data)\n\n{vt}\n\n"
           f"Beside M3's rule, not part of it: each difference's 95% paired t interval over the seeds "
-          f"(minillm.verdicts), in brackets. verdicts.md: minillm.compare's verdicts.\n")
+          f"(minillm.analysis.stats), in brackets. verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()], "verdicts": verdicts,
             "precondition": [gate], "holm": holm, "machine": machine()}, md
 
@@ -262,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare, each placement against Pre-LN per depth, margin GAP."""
+    """verdicts.json: minillm.analysis.compare, each placement against Pre-LN per depth, margin GAP."""
     return compare(runs, "placement", "pre", margin=GAP, **REGISTERED_BEFORE)
 
 

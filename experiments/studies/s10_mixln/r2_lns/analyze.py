@@ -21,7 +21,7 @@ lowers the loss):
      Graded as C1.
   C3 LNS trains better: Pre-LN's val loss - LNS's >= GAP. Graded as C1. (Against Mix-LN: reported.)
 Beside C3's rule, not part of it: the 95% paired t interval of each difference over the seeds
-(minillm.verdicts.paired_t).
+(minillm.analysis.stats.paired_t).
 
 Added after the data (experiments.common.precondition; the rules above are unchanged):
   C1 could not fail: LNS multiplies every deep sublayer's input by 1/sqrt(l), so the deep blocks add less to the
@@ -122,7 +122,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before the runs; "
           f"C1's restatement, the precondition gate and Holm's adjustment added after the data)\n\n{vt}\n"
           f"\nBeside C3's rule, not part of it: each difference's 95% paired t interval over the seeds "
-          f"(minillm.verdicts), in brackets.\n")
+          f"(minillm.analysis.stats), in brackets.\n")
     return {"cells": [{"variant": v, "n_layers": L, **c} for (v, L), c in cells.items()], "verdicts": verdicts,
             "precondition": gates, "holm": holm, "machine": machine()}, md
 

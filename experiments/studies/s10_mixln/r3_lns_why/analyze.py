@@ -36,7 +36,7 @@ Hypotheses (seed means):
   R3 (the gains do not grow back): LNS / Pre deep input scale <= SMALL at the end of arm "round 2" and of arm
      "long". Confirmed: both; partly: one; not at this scale: neither.
 Beside R1's and R2's rules, not part of them: the 95% paired t interval of each arm's LNS - Pre val loss over the
-seeds (minillm.verdicts.paired_t).
+seeds (minillm.analysis.stats.paired_t).
 
 Added after the data (experiments.common.precondition; the rules above are unchanged):
   R3 could not fail: AdamW moves a gain by about lr per step at most, so over the schedule an input norm's gain
@@ -80,7 +80,7 @@ LR, WARMUP, MIN_LR = 1e-3, 40, 0.1  # S10's schedule: warmup 40, cosine to 0.1 x
 def adam_bound(steps: int) -> float:
     """The most an input norm's gain can grow over the schedule if each AdamW step moves it by at most lr: the sum
     of the lrs, ADAM_BOUND's 1 + sum, as a factor on its initial value."""
-    from minillm.optim import lr_lambda
+    from minillm.training.optim import lr_lambda
 
     factor = lr_lambda("cosine", WARMUP, steps, MIN_LR)
     return 1.0 + LR * sum(factor(t) for t in range(steps))
@@ -104,7 +104,7 @@ def deep_input_scale(model: torch.nn.Module) -> float:
 
 
 def checkpoint_measures(ckpt: Path) -> dict:
-    from minillm.hub import load_checkpoint
+    from minillm.tools.hub import load_checkpoint
 
     model, _, _ = load_checkpoint(ckpt)
     return {**s10.layer_drop(ckpt), "deep_input_scale": deep_input_scale(model)}
@@ -190,7 +190,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     md = (f"Machine: {machine()}. L = {DEPTH}, seed means.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before "
           f"the runs; R3's restatement, the precondition gate and the interval readings added after the data)"
           f"\n\n{vt}\n\nBeside R1's and R2's rules, not part of them: each val loss difference's 95% paired t "
-          f"interval over the seeds (minillm.verdicts), in brackets.\n")
+          f"interval over the seeds (minillm.analysis.stats), in brackets.\n")
     return {"cells": [{"arm": a, "variant": v, **c} for (a, v), c in cells.items()], "verdicts": verdicts,
             "precondition": gates, "parts": parts, "adam_bound": {str(k): v for k, v in bounds.items()},
             "machine": machine()}, md

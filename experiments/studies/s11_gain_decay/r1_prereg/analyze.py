@@ -10,7 +10,7 @@ weight decay 0.1, warmup 40 + cosine, 1,600 steps (7.3 tokens per parameter; 4x 
 acts: lr x wd x the schedule's steps shrinks an undecayed-by-gradient gain by ~e^-0.25 at lr 3e-3), the last
 checkpoint kept; lr {3e-3, 1e-2} x module.decay_norms {false, true} x zero_centered {false, true} x seeds 0-4.
 
-    K='{_target_:minillm.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
+    K='{_target_:minillm.training.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
     C="trainer.enable_checkpointing=true +callbacks.last_checkpoint=$K"
     S="python train.py -m experiment=s8_dyt norm=rmsnorm trainer.max_steps=1600 optimizer.lr=3e-3,1e-2 \\
        model.norm_options.zero_centered=false,true seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2"
@@ -111,7 +111,7 @@ def analyze(runs: Runs, gains: dict[str, float] | None = None) -> tuple[dict, st
 
 def effective_gain_rms(ckpt: Path) -> float:
     """RMS over every norm's effective gain (its weight, plus 1 when stored zero-centered) of a checkpoint's model."""
-    from minillm.hub import load_checkpoint
+    from minillm.tools.hub import load_checkpoint
 
     return gain_rms(load_checkpoint(ckpt)[0])
 

@@ -10,7 +10,7 @@ decay 0.1, warmup 40 + cosine, 1,600 steps, the last checkpoint kept), with two 
 model.layernorm_scaling=true) and "dyt" (norm=dyt, S8's default alpha0 0.5); module.decay_norms {false, true} x lr
 {3e-3, 1e-2} x seeds 0-4: 40 runs, from one commit.
 
-    K='{_target_:minillm.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
+    K='{_target_:minillm.training.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
     C="trainer.enable_checkpointing=true +callbacks.last_checkpoint=$K"
     S="python train.py -m experiment=s8_dyt trainer.max_steps=1600 optimizer.lr=3e-3,1e-2 seed=0,1,2,3,4 \\
        hydra/launcher=joblib hydra.launcher.n_jobs=2 $C"
@@ -111,7 +111,7 @@ def dyt_alpha(model) -> float:
 
 
 def decayed_parameter(ckpt: Path, run_arm: str) -> float:
-    from minillm.hub import load_checkpoint
+    from minillm.tools.hub import load_checkpoint
 
     model = load_checkpoint(ckpt)[0]
     return r1.gain_rms(model) if run_arm == "lns" else dyt_alpha(model)

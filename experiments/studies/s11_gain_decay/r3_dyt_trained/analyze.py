@@ -8,7 +8,7 @@ Setting: round 2's (configs/experiment/s8_dyt.yaml: Pre-LN, dim 64, 4 layers, co
 decay 0.1, warmup 40 + cosine, 1,600 steps, the last checkpoint kept), norm=dyt (alpha0 0.5), model.init=xavier;
 module.decay_norms {false, true} x lr {3e-3, 1e-2} x seeds 0-4: 20 runs, from one commit.
 
-    K='{_target_:minillm.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
+    K='{_target_:minillm.training.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
     C="trainer.enable_checkpointing=true +callbacks.last_checkpoint=$K"
     S="python train.py -m experiment=s8_dyt norm=dyt model.init=xavier trainer.max_steps=1600 \\
        optimizer.lr=3e-3,1e-2 seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2 $C"

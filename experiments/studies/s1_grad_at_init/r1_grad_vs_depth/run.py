@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
-from minillm.data import TextDataModule
 from minillm.model import ModelConfig, Transformer
+from minillm.training.data import TextDataModule
 
 OUT = Path(__file__).parent
 DIMS = (128, 256)

@@ -6,7 +6,7 @@
     python -m experiments.studies.s2_warmup.r1_grid.analyze --out DIR  # results and plots into DIR
 
 Beside the rules, not part of them: the 95% paired t interval of each warmup gain over the seeds (no warmup - the
-best warmup, paired by seed; minillm.verdicts.paired_t through experiments.common.study.paired).
+best warmup, paired by seed; minillm.analysis.stats.paired_t through experiments.common.study.paired).
 
 Added after the data (experiments.common.precondition): the premise of Xiong et al.'s warmup claim, Theorem 1's
 large gradient of Post-LN near the output at initialization, as S1 measured it in these runs' init (GPT-2's).
@@ -91,7 +91,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"while Pre-LN gains <= {INSENSITIVE} at those settings and nowhere needs it; partly if only the "
           f"first holds. **Verdict: {verdict}** (by the rule: {rule}).\n\nBeside the rule, not part of it: the gain's "
           f"95% interval is "
-          f"minillm.verdicts' paired t over the {n_seeds} seeds (no warmup - the best warmup, paired by seed).\n")
+          f"minillm.analysis.stats' paired t over the {n_seeds} seeds (no warmup - the best warmup, paired by seed).\n")
     return {"rows": rows, "gains": gains, "verdict": verdict, "verdict_rule": rule, "precondition": [gate],
             "machine": machine()}, md
 

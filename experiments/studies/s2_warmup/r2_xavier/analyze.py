@@ -18,7 +18,7 @@ Hypotheses (Xiong et al. 2020, "On Layer Normalization in the Transformer Archit
      run without warmup fails (minillm.outcome's rule) while none with warmup does at that lr.
   X2 Pre-LN does not: at every lr its warmup gain is <= INSENSITIVE.
   Confirmed: both; partly: one; not at this scale: neither. (S2 round 1's thresholds.)
-Beside the rules, not part of them (minillm.verdicts): the 95% paired t interval of each warmup gain over the
+Beside the rules, not part of them (minillm.analysis.stats): the 95% paired t interval of each warmup gain over the
 seeds, and the two-sided Fisher p of the failures without against with warmup.
 """
 
@@ -32,7 +32,7 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from experiments.studies.s2_warmup.r1_grid.analyze import INSENSITIVE, NEEDS_WARMUP, xiong_premise
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
 

@@ -15,9 +15,9 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
+from minillm.analysis.report import lr_sensitivity
 from minillm.metrics import MAX_ATTN_LOGIT
 from minillm.outcome import failed_of, loss_for_comparison
-from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent
 # Fixed before the sweep ran (Wortsman et al.: QK-norm and z-loss each lower LR sensitivity; every run whose max

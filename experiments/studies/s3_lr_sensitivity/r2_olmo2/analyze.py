@@ -12,7 +12,7 @@ commit). Results go to this round's folder.
 Setting: S3's (4 layers, dim 64, 400 steps, warmup 40, no clipping, lr 3e-4 .. 3e-1, seeds 0 and 1), RMSNorm
 everywhere as OLMo 2, QK-norm RMSNorm on queries and keys as OLMo 2, and no z-loss (OLMo 2 adds z-loss 1e-5;
 S3 round 1 measured z-loss on its own, so here only the norms change).
-LR sensitivity as S3 (minillm.report.lr_sensitivity: mean over the grid of loss(lr) - the best loss, a diverged
+LR sensitivity as S3 (minillm.analysis.report.lr_sensitivity: mean over the grid of loss(lr) - the best loss, a diverged
 run counted at ln V), computed on the seed-mean losses and on each seed alone.
 
 Hypotheses (Team OLMo 2024, "2 OLMo 2 Furious", section 3: reordered norm and QK-norm for stability; Wortsman et
@@ -23,7 +23,7 @@ al. 2023: QK-norm lowers LR sensitivity):
   O3 OLMo 2's norms raise the highest stable lr (no seed fails, minillm.outcome's rule) above the baseline's.
   O4 They cost no quality: best seed-mean loss over the grid <= the baseline's + MARGIN. Confirmed / not.
 Beside O4's rule, not part of it: the 95% paired t interval of the difference of the two best cells, paired by seed
-(minillm.verdicts.paired_t). O1-O3 are ratios and an lr, not comparisons of losses.
+(minillm.analysis.stats.paired_t). O1-O3 are ratios and an lr, not comparisons of losses.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, table
+from minillm.analysis.report import lr_sensitivity
 from minillm.metrics import MAX_ATTN_LOGIT
 from minillm.outcome import failed_of, loss_for_comparison
-from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------

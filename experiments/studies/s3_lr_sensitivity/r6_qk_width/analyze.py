@@ -19,7 +19,8 @@ attention logits grow) x seeds {0, 1, 2}: 168 runs, both arms from one commit.
 Compute estimate (2-core CPU, two runs side by side; round 4's wall times, 11 s, 18 s, 38 s and 120 s a run at
 widths 32-256): 42 runs per width, ~65 min in all.
 
-Measures, per width, QK-norm setting and seed: the LR sensitivity (minillm.report.lr_sensitivity: the mean over the
+Measures, per width, QK-norm setting and seed: the LR sensitivity (minillm.analysis.report.lr_sensitivity: the mean
+over the
 grid of the final val loss minus the grid's best, a diverged run counting as ln V; round 1's measure, per seed);
 the best lr lr* (round 4's parabola vertex on this grid).
 Precondition (the gate, per width; round 1's rule): attention logits grow without QK-norm: the max attention logit
@@ -44,8 +45,8 @@ from experiments.common import precondition as pre
 from experiments.common import prereg
 from experiments.common.study import Runs, analysis_main, mean, table
 from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r4
+from minillm.analysis.report import lr_sensitivity
 from minillm.outcome import loss_for_comparison
-from minillm.report import lr_sensitivity
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ reasons of S0).
     python -m experiments.studies.s4_batchnorm.r1_grid.analyze --out DIR             # results and plots into DIR
 
 Beside the rules, not part of them: each difference's 95% paired t interval over the seeds both arms trained
-(minillm.verdicts.paired_t), and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm
+(minillm.analysis.stats.paired_t), and verdicts.json (.md, .png): minillm.analysis.compare's verdicts, each norm
+against LayerNorm
 per batch size, margin GAP (what `minillm-report <sweep> --compare norm --baseline layernorm --margin 0.05` gives).
 """
 
@@ -22,10 +23,10 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
-from minillm.compare import compare
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
-from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "layernorm", "rmsnorm")
@@ -67,7 +68,7 @@ def val_train_gap(run: dict) -> float | None:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin GAP."""
+    """verdicts.json: minillm.analysis.compare, each norm against LayerNorm per batch size, margin GAP."""
     return compare(runs, "norm", "layernorm", margin=GAP, **REGISTERED_BEFORE)
 
 
@@ -127,8 +128,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"means over "
           f"seeds.\n\n{main}\n\n### Checks (thresholds fixed before the runs)\n\n"
           f"{table(['check', 'value', 'seed range', '95% CI (paired t)', 'holds'], checks)}\n\n"
-          f"The intervals are beside the rules, not part of them: minillm.verdicts' paired t over the seeds both "
-          f"arms have a loss for (a diverged run has none). verdicts.md: minillm.compare's verdicts.\n")
+          f"The intervals are beside the rules, not part of them: minillm.analysis.stats' paired t over the seeds both "
+          f"arms have a loss for (a diverged run has none). verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()], "checks": checks,
             "precondition": [gate], "machine": machine()}, md
 

@@ -18,7 +18,7 @@ Hypotheses, each with its source:
   F (Shen et al. 2020, section 3: in NLP the batch statistics fluctuate strongly around the running ones, which
      makes BatchNorm unstable): BatchNorm's batch-mean distance from the running mean, in units of the running
      std (norm/<site>/bn_mean_z), RMS over sites and the logged steps of the second half of training, divided
-     by the i.i.d. sampling null of minillm.callbacks.bn_sampling_null (1.0 = sampling alone). Confirmed: the
+     by the i.i.d. sampling null of minillm.training.callbacks.bn_sampling_null (1.0 = sampling alone). Confirmed: the
      ratio is >= EXCESS at both batch sizes (every seed); partly: at one; not at this scale: at none.
   P1 (Shen et al. 2020: PowerNorm matches or beats LayerNorm; language modelling on PTB / WikiText-103):
      PowerNorm's mean val loss at batch 64 minus LayerNorm's. Confirmed: <= max(MARGIN, 2 x the larger seed
@@ -29,8 +29,10 @@ Hypotheses, each with its source:
      val loss is within max(MARGIN, 2 x the larger seed range) of LayerNorm's. Confirmed: both; partly: no
      failure but further from LayerNorm; not at this scale: a run fails.
   Replication of round 1 (same code path, new runs): BatchNorm fails at batch 4 (every seed), not at batch 64.
-Beside the rules, not part of them: the 95% paired t interval of PN - LN over the seeds (minillm.verdicts.paired_t),
-and verdicts.json (.md, .png): minillm.compare's verdicts, each norm against LayerNorm per batch size, margin MARGIN
+Beside the rules, not part of them: the 95% paired t interval of PN - LN over the seeds
+(minillm.analysis.stats.paired_t),
+and verdicts.json (.md, .png): minillm.analysis.compare's verdicts, each norm against LayerNorm per batch size, margin
+MARGIN
 (what `minillm-report <sweeps> --compare norm --baseline layernorm --margin 0.05` gives).
 
 Added after the data (the rules above are unchanged; experiments.common.precondition):
@@ -54,11 +56,11 @@ from experiments.common import precondition as pre
 from experiments.common.machine import machine, provenance
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
-from minillm.callbacks import bn_sampling_null
-from minillm.compare import compare
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS, parse_metric
 from minillm.outcome import failed_of, final_loss
-from minillm.rules import REGISTERED_BEFORE
+from minillm.training.callbacks import bn_sampling_null
 
 HERE = Path(__file__).parent
 NORMS = ("batchnorm", "powernorm", "layernorm")
@@ -145,8 +147,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"{provenance(runs, lambda r: r['norm'])}\n\n### BatchNorm's fluctuation against sampling "
           f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs; F's and P2's "
           f"restatement added after the data)\n\n{vt}\n\n"
-          f"The intervals are beside the rules, not part of them: minillm.verdicts' paired t over the seeds. "
-          f"verdicts.md: minillm.compare's verdicts.\n")
+          f"The intervals are beside the rules, not part of them: minillm.analysis.stats' paired t over the seeds. "
+          f"verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()],
             "verdicts": verdicts, "precondition": [gate], "machine": machine()}, md
 
@@ -188,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare, each norm against LayerNorm per batch size, margin MARGIN."""
+    """verdicts.json: minillm.analysis.compare, each norm against LayerNorm per batch size, margin MARGIN."""
     return compare(runs, "norm", "layernorm", margin=MARGIN, **REGISTERED_BEFORE)
 
 

@@ -7,8 +7,9 @@
     python -m experiments.studies.s5_precision.r1_precision.analyze --out DIR              # results and plots into DIR
 
 Beside the rules, not part of them: each precision's difference from fp32 with its 95% paired t interval over the
-seeds and the engine's word for it at the margin SAME (minillm.verdicts.paired_t, verdict), and verdicts.json (.md,
-.png): minillm.compare's verdicts, each precision against fp32 per placement (what `minillm-report <sweeps>
+seeds and the engine's word for it at the margin SAME (minillm.analysis.stats.paired_t, verdict), and verdicts.json
+(.md,
+.png): minillm.analysis.compare's verdicts, each precision against fp32 per placement (what `minillm-report <sweeps>
 --compare precision_used --baseline 32-true` gives).
 
 Added after the data (experiments.common.precondition): the premises of "Peri-LN bounds the residual stream" on
@@ -27,11 +28,11 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
-from minillm import verdicts as st
-from minillm.compare import compare
+from minillm.analysis import stats as st
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.metrics import AMP_SCALE, parse_metric
 from minillm.outcome import final_loss
-from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 PLACEMENTS = ("pre", "post", "peri")
@@ -112,8 +113,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n" + "\n\n".join(map(pc.line, gates)) +
           "\n\n### Checks (thresholds fixed before the "
           f"runs)\n\n{table(['check', 'value', '95% CI (paired t)', f'engine (margin {SAME})', 'holds'], checks)}"
-          f"\n\nThe interval and the engine's word are beside the rules, not part of them: minillm.verdicts' paired "
-          f"t over the seeds and its verdict at the margin {SAME}. verdicts.md: minillm.compare's verdicts.\n")
+          f"\n\nThe interval and the engine's word are beside the rules, not part of them: "
+          f"minillm.analysis.stats' paired "
+          f"t over the seeds and its verdict at the margin {SAME}. verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"placement": p, "precision": q, **c} for (p, q), c in cells.items()], "checks": checks,
             "precondition": gates, "machine": machine()}, md
 
@@ -134,7 +136,7 @@ def plot(runs: Runs, out: Path) -> None:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare, each precision against fp32 per placement, margin SAME."""
+    """verdicts.json: minillm.analysis.compare, each precision against fp32 per placement, margin SAME."""
     return compare(runs, "precision_used", "32-true", margin=SAME, **REGISTERED_BEFORE)
 
 

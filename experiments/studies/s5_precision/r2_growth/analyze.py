@@ -31,7 +31,7 @@ Hypotheses (Kim et al. 2025, Peri-LN; Sun et al. 2025, The Curse of Depth in LLM
   Control: Post-LN's depth growth lies in [1 / GROWTH, GROWTH] at every L (the residual stream is renormalized
      after every sublayer).
 The shape fit is a least-squares fit (numpy), not a comparison. Beside L's rule, not part of it: the 95% paired t
-interval of Pre - Peri over the seeds (minillm.verdicts.paired_t).
+interval of Pre - Peri over the seeds (minillm.analysis.stats.paired_t).
 
 Added after the data (experiments.common.precondition; the rules above are unchanged):
   precondition  stream_growth on the Pre-LN runs ((r_L / r_1) / sqrt(L) per depth and seed): the growth Peri-LN

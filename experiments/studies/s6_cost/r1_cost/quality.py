@@ -21,9 +21,9 @@ differences d = rmsnorm - layernorm, their mean and its 95% t-interval; **parity
 inside +-MARGIN nats, **a difference** when it excludes zero (its sign says which norm is better; both when a
 difference too small to matter lies inside the margin), **inconclusive** otherwise.
 
-The statistics are minillm.verdicts': paired_t (the interval, also given to round 1's two pairs, where it decides
+The statistics are minillm.analysis.stats': paired_t (the interval, also given to round 1's two pairs, where it decides
 nothing), verdict (round 2's rule is its equivalent / better / worse / inconclusive, in this study's words:
-PARITY_WORDS) and sign_test. ``<result>_verdicts/`` holds minillm.compare's verdicts.json / .md / .png for the
+PARITY_WORDS) and sign_test. ``<result>_verdicts/`` holds minillm.analysis.compare's verdicts.json / .md / .png for the
 round, what `minillm-report --compare norm --baseline layernorm` gives for these runs.
 """
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm import verdicts as st
-from minillm.compare import compare
-from minillm.rules import REGISTERED_BEFORE
+from minillm.analysis import stats as st
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 
 OUT = Path(__file__).parent
 
@@ -50,7 +50,7 @@ SEEDS = (1337, 1)
 MAX_STEPS = 300  # shortened from the default 1600 (CPU time); warmup 100, cosine over 300 steps
 MARGIN = 0.02  # nats: round 2's equivalence margin (about 1% of the step-300 loss), fixed before its runs
 LR = 3e-3  # the peak lr every quality run trained at (the default config's); recorded in runs from now on
-# round 2's words for the engine's verdicts (minillm.verdicts.verdict, the same rule)
+# round 2's words for the engine's verdicts (minillm.analysis.stats.verdict, the same rule)
 PARITY_WORDS = {"equivalent": "parity", "better": "difference: rmsnorm better", "worse": "difference: layernorm better",
                 "inconclusive": "inconclusive"}
 
@@ -92,14 +92,14 @@ def analyze(runs: list[dict], seeds: Sequence[int]) -> dict:
 
 
 def verdicts(res: dict) -> dict:
-    """minillm.compare's verdicts.json for the runs of a result: RMSNorm against LayerNorm, margin MARGIN."""
+    """minillm.analysis.compare's verdicts.json for the runs of a result: RMSNorm against LayerNorm, margin MARGIN."""
     return compare([{"lr": LR, "max_steps": res.get("max_steps", MAX_STEPS), **r} for r in res["runs"]], "norm",
                    "layernorm", margin=MARGIN, lr=LR, **REGISTERED_BEFORE)
 
 
 def write_result(res: dict, path: Path) -> None:
     """The result JSON and, beside it, ``<stem>_verdicts/`` (verdicts.json, .md, .png)."""
-    from minillm.verdict_report import write
+    from minillm.analysis.verdict_files import write
 
     path.write_text(json.dumps(res, indent=1))
     write(verdicts(res), path.with_name(f"{path.stem}_verdicts"))

@@ -16,7 +16,7 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 from minillm.metrics import TRAIN_LOSS, UPDATE_RATIO, VAL_LOSS
 from minillm.outcome import failed_of, final_loss, is_stalled, loss_for_comparison
 

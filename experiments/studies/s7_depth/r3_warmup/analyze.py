@@ -7,7 +7,7 @@ warmup (120 steps, same peak lr 3e-3, same 300 steps) prevent them?
     python -m experiments.studies.s7_depth.r3_warmup.analyze --out DIR                   # results into DIR
 
 Beside the rule, not part of it: each stall rate's Clopper-Pearson interval and the two-sided Fisher p of the
-two warmups' stalls (minillm.verdicts.exact_ci, fisher_p).
+two warmups' stalls (minillm.analysis.stats.exact_ci, fisher_p).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from experiments.common.machine import machine
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from experiments.studies.s7_depth.r1_ladder import analyze as ladder
 from experiments.studies.s7_depth.r1_ladder.analyze import stalled, val_loss
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 from minillm.metrics import TRAIN_LOSS
 
 OUT = Path(__file__).parent
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           + "\n\n" + table(["check (fixed before the runs)", "holds"],
                            [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
           + f"\n\nBeside the rule: Fisher's exact test (two-sided) of the stalls with {long[0]['warmup_steps']} "
-            f"against {short[0]['warmup_steps']} warmup steps, p = {fisher:.3f} (minillm.verdicts).\n")
+            f"against {short[0]['warmup_steps']} warmup steps, p = {fisher:.3f} (minillm.analysis.stats).\n")
     write(out, {"rows": rows, "holds": holds, "machine": machine(), "fisher_p": fisher, "precondition": [gate]}, md)
 
 

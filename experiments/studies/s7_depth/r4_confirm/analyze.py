@@ -15,7 +15,7 @@ Four arms, 10 fresh seeds each (seeds 0-9 were seen before: one of them motivate
     post + deepnet   DeepNet's initialization alone (no residual scale)
     deepnorm + gpt2  the residual scale alone (GPT-2's initialization)
 
-The tests are minillm.verdicts': the pre-registered one-sided Fisher test (fisher_p, alternative "greater"), and,
+The tests are minillm.analysis.stats': the pre-registered one-sided Fisher test (fisher_p, alternative "greater"), and,
 reported beside the rules without deciding anything, each arm's stall rate with its Clopper-Pearson interval
 (exact_ci) and the two-sided Fisher p of each arm against Post-LN (what minillm-report's fisher_p gives).
 """
@@ -29,7 +29,7 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine, provenance
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
-from minillm import verdicts as st
+from minillm.analysis import stats as st
 from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import final_loss, is_stalled
 
@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"300 steps, seeds 10-19. "
           f"Stalled: final val loss >= unigram loss of the evaluated windows ({post['unigram'] or float('nan'):.3f}) "
           f"- {STALL_MARGIN}; * marks a stalled run. Beside the rules, not part of "
-          f"them (minillm.verdicts): the 95% Clopper-Pearson interval of each stall rate, and the two-sided Fisher p "
+          f"them (minillm.analysis.stats): the 95% Clopper-Pearson interval of each stall rate, "
+          f"and the two-sided Fisher p "
           f"of each arm's stalls against Post-LN's.\n\n"
           + table(["arm", "placement", "init", "stalled [95% CI]", "Fisher p vs Post-LN",
                    "final val loss of the runs that trained (mean)", "final val loss per seed (10-19)"], rows)

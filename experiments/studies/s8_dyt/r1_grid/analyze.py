@@ -20,7 +20,8 @@ Hypotheses, each with its published source:
       sd of the paired gaps; contradicted: shrinks by more; otherwise not resolved.
 A diverged run counts with the loss ln V (minillm.outcome.loss_for_comparison).
 The sd of the paired gaps (H3's noise) and, beside the rules without deciding anything, the 95% paired t intervals
-of the gaps at both budgets and of their growth come from minillm.verdicts.paired_t (experiments.common.study.paired).
+of the gaps at both budgets and of their growth come from minillm.analysis.stats.paired_t
+(experiments.common.study.paired).
 
 Added after the data (experiments.common.precondition; the rules above are unchanged): the premise tanh_saturation,
 the fraction of DyT's inputs with |alpha x| >= 1, measured at initialization for each alpha0 of the grid
@@ -162,7 +163,8 @@ def analyze(runs: Runs, saturation: dict[str, list[float]] | None = None) -> tup
         f" -> **{word['h3']}** (by its rule: {rule['h3']}); the budgets are "
         + ", ".join(f"{v:.1f}" for v in per_param.values()) + " tokens per parameter",
         "", pre.line(gate),
-        "", f"Beside the rules, not part of them: the intervals are minillm.verdicts' paired t over the seeds; the "
+        "", f"Beside the rules, not part of them: the intervals are minillm.analysis.stats' paired t "
+            f"over the seeds; the "
             f"growth's, paired by seed, is {ci(growth_t)}."])
     return results, md
 

@@ -32,7 +32,7 @@ def measure() -> dict:
 
     from experiments.common import reference
     from experiments.common.precondition import tanh_saturation
-    from minillm.data import eval_starts
+    from minillm.training.data import eval_starts
 
     out = {}
     for init, alphas in CELLS.items():

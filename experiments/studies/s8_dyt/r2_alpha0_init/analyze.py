@@ -28,7 +28,7 @@ Hypotheses:
      best DyT alpha0's paired gap to RMSNorm (same init and seeds) is <= NEAR: confirmed; it is > NEAR but at
      least SHRINK smaller than round 1's gap under GPT-2 init at lr 3e-3 (+0.892): partly; else not at this scale.
 A diverged run counts with the loss ln V (minillm.outcome.loss_for_comparison).
-Beside D2's rule, not part of it: the 95% paired t interval of the gap (minillm.verdicts.paired_t).
+Beside D2's rule, not part of it: the 95% paired t interval of the gap (minillm.analysis.stats.paired_t).
 
 Added after the data (experiments.common.precondition; the rules above are unchanged):
   precondition  tanh_saturation at initialization (round 1's saturation.py) for both inits: the GPT-2-init grid (D1;

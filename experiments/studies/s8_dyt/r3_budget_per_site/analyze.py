@@ -14,7 +14,7 @@ Setting: configs/experiment/s8_dyt.yaml (Pre-LN, dim 64, 4 layers, ~0.225M param
 checkpoint kept (for the saturation at the end). Arms: RMSNorm; DyT alpha0 0.5 everywhere (round 2's best);
 DyT alpha0 1.0 before attention and 0.5 elsewhere; DyT 2.0 before attention and 0.5 elsewhere.
 
-    K='{_target_:minillm.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
+    K='{_target_:minillm.training.callbacks.Checkpoint,dirpath:${paths.output_dir}/checkpoints,save_top_k:0,save_last:true}'
     C="trainer.enable_checkpointing=true +callbacks.last_checkpoint=$K"
     S="python train.py -m experiment=s8_dyt model.init=xavier optimizer.lr=3e-3 trainer.max_steps=4500 \\
        trainer.val_check_interval=500 seed=0,1,2,3,4 hydra/launcher=joblib hydra.launcher.n_jobs=2"
@@ -114,8 +114,8 @@ def saturation_of(ckpt: Path) -> float:
     """precondition.tanh_saturation of a checkpoint's model over the 128 val windows of the run's setting."""
     from experiments.common import reference
     from experiments.common.precondition import tanh_saturation
-    from minillm.data import eval_starts
-    from minillm.hub import load_checkpoint
+    from minillm.tools.hub import load_checkpoint
+    from minillm.training.data import eval_starts
 
     model, _, meta = load_checkpoint(ckpt)
     cfg = reference.compose("experiment=s8_dyt")

@@ -16,8 +16,10 @@ Hypotheses (Nguyen & Salazar 2019, "Transformers without Tears"):
      the 95% t-interval of ScaleNorm - LayerNorm. Confirmed: its upper end < MARGIN_PARITY; contradicted: its
      lower end > MARGIN_PARITY; otherwise unresolved. "better" is added when the upper end is < 0.
   (The paper's speed claim is a kernel question: experiments/benchmarks/kernels times the norms.)
-The interval is minillm.verdicts.paired_t's; beside S's word, the engine's (minillm.verdicts.verdict with the same
-margin: equivalent / better / worse / inconclusive). verdicts.json (.md, .png) holds minillm.compare's verdicts for
+The interval is minillm.analysis.stats.paired_t's; beside S's word, the engine's (minillm.analysis.stats.verdict with
+the same
+margin: equivalent / better / worse / inconclusive). verdicts.json (.md, .png) holds minillm.analysis.compare's
+verdicts for
 the whole sweep, norm against LayerNorm in each warmup stratum at each norm's tuned lr: what `minillm-report
 <sweep> --compare norm --baseline layernorm` gives.
 """
@@ -32,11 +34,11 @@ from experiments.common import precondition as pc
 from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, mean, paired, table
-from minillm import verdicts as st
-from minillm.compare import compare
+from minillm.analysis import stats as st
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import failed_of, loss_for_comparison
-from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def numbers(res: dict) -> str:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare on the sweep, each norm against LayerNorm per warmup, at its tuned lr."""
+    """verdicts.json: minillm.analysis.compare on the sweep, each norm against LayerNorm per warmup, at its tuned lr."""
     return compare(runs, "norm", "layernorm", margin=MARGIN_PARITY, **REGISTERED_BEFORE)
 
 

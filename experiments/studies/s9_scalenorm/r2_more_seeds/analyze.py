@@ -13,7 +13,8 @@ runs join the committed seeds 0-3 of that cell. Nothing else of S9 is re-judged 
 Hypothesis S, as in analyze.py, over seeds 0-15: the 95% t-interval of ScaleNorm - LayerNorm, paired by seed.
 Confirmed: its upper end < MARGIN_PARITY ("better" added when < 0); contradicted: its lower end > MARGIN_PARITY;
 otherwise unresolved. Reported beside it: whether the interval excludes zero, and the engine's word
-(analyze.parity). verdicts.json (.md, .png): minillm.compare on the cell's runs, ScaleNorm against LayerNorm at lr
+(analyze.parity). verdicts.json (.md, .png): minillm.analysis.compare on the cell's runs, ScaleNorm against LayerNorm
+at lr
 LR, as `minillm-report --compare norm --baseline layernorm --lr 0.01` gives it.
 """
 
@@ -28,9 +29,9 @@ from experiments.common.machine import machine, provenance, run_kernels
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
 from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
-from minillm.compare import compare
+from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_BEFORE
 from minillm.outcome import loss_for_comparison
-from minillm.rules import REGISTERED_BEFORE
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -64,7 +65,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"{WARMUP}, paired by seed.\n\n"
           f"{tab}\n\n"
           f"### Verdict (rule fixed before the runs)\n\nS: **{res['verdict']}**: ScaleNorm - LayerNorm {numbers}\n\n"
-          f"Engine: minillm.verdicts.paired_t for the interval; verdicts.md for minillm.compare's full verdict.\n")
+          f"Engine: minillm.analysis.stats.paired_t for the interval; "
+          f"verdicts.md for minillm.analysis.compare's full verdict.\n")
     return {"verdict": res["verdict"], "mean": res["diff"], "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
             "excludes_zero": excludes, "machine": machine(), "p": res["p"], "sd": res["sd"],
             "engine_verdict": res["engine"], "precondition": [gate]}, md
@@ -98,7 +100,8 @@ def plot(runs: Runs, results: dict, out: Path) -> None:
 
 
 def engine(runs: Runs) -> dict:
-    """verdicts.json: minillm.compare on the cell's runs (seeds in SEEDS), ScaleNorm against LayerNorm at LR."""
+    """verdicts.json: minillm.analysis.compare on the cell's runs (seeds in SEEDS), ScaleNorm against LayerNorm at
+    LR."""
     return compare([r for rs in compared(runs).values() for r in rs], "norm", "layernorm", margin=s9.MARGIN_PARITY,
                    lr=LR, **REGISTERED_BEFORE)
 

@@ -1,0 +1,325 @@
+"""A sweep's runs -> a verdict for each value of one factor against a baseline value (pure: records in, dicts out).
+
+    compare(runs, "norm", "layernorm")                 -> the verdicts.json dict (VERDICTS_FIELDS per comparison)
+    compare(runs, rules=Rules(factor="norm", baseline="layernorm", margin=0.05))
+
+``runs`` are summary.json dicts (or minillm.analysis.runs.Run objects). The rules (minillm.analysis.rules.Rules), in
+order:
+
+- **The runs.** A run is identified by its folder's real path, and a copy by the folder and start time its summary
+  recorded: listed twice it counts once (``duplicates``). A run stopped by a signal and not resumed (status
+  preempted) has no outcome yet and is left out; runs that have not ended are listed by the caller
+  (``unfinished``) and flag every comparison.
+- **Arms and strata.** The arms are the values of the factor other than the baseline. Every other setting that
+  still varies within an arm splits the runs into strata (strata_keys: the summary's config keys and every key of
+  its ``settings``; never seed, lr, or the labels name and tags), each comparing its arms with its own baseline.
+- **The metric.** ``auto``: the held-out test loss where every compared run that trained has one, else the final
+  val loss. A failed run (minillm.outcome: diverged, crashed, not trained, stalled at the unigram loss) enters a
+  loss at ln V, the loss of a uniform guess (``failures`` penalize), so every seed pair stays and an arm that fails
+  more is worse; ``drop`` compares the survivors only. A metric not in nats has no penalty: failures left out.
+- **The learning rate** (minillm.analysis.lr_choice): tuned, common or given; chosen on the validation loss where the
+verdict
+  reads the test loss, or cross-fitted across the halves of the seeds when asked.
+- **The difference** arm - baseline: paired by seed (auto when the two share a seed), the t interval of the paired
+  differences, else Welch's; a BCa bootstrap interval from 8 differences; with ``window_error`` the sampling error
+  of the evaluation windows added.
+- **The words** (minillm.analysis.stats.decide): the test of no difference and the equivalence test (TOST at alpha),
+both
+  adjusted across every comparison of the call (step_down: the family-wise error of the words stays at alpha);
+  ``adjust`` none for one planned comparison. An arm whose failure rate is significantly higher (Fisher) is never
+  better or equivalent.
+- **Warnings** that make a verdict not informative: fewer than 3 pairs, every run of both arms failed (drop: of
+  either), and arms that ran on different CPU kernels, torch versions or git commits while their difference is
+  below PROVENANCE_NOISE (or the metric is not in nats).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from minillm.analysis import lr_choice, lr_curves, stats
+from minillm.analysis.rules import Rules, failed, penalized, value_of
+from minillm.analysis.runs import eval_windows, group_runs, hashable, label, records_of, sort_key, without_duplicates
+from minillm.analysis.strata import (
+    check_request,
+    environment_warnings,
+    resolve_metric,
+    strata_keys,
+)
+from minillm.outcome import is_number
+
+MIN_PAIRS = 3
+
+
+def _by_seed(records: Sequence[Mapping], metric: str, rules: Rules) -> tuple[dict[Any, list[float]], set, list[Any]]:
+    """seed -> the values of its compared runs, every seed present, seeds with more than one run."""
+    usable: dict[Any, list[float]] = defaultdict(list)
+    counts: dict[Any, int] = defaultdict(int)
+    for r in records:
+        counts[r.get("seed")] += 1
+        if (v := value_of(r, metric, rules)) is not None:
+            usable[r.get("seed")].append(v)
+    return usable, set(counts), sorted((s for s, c in counts.items() if c > 1), key=sort_key)
+
+
+def _window_interval(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, a_vals: Sequence[float],
+                     b_vals: Sequence[float], paired: bool, rules: Rules) -> tuple[dict | None, str | None]:
+    """with_window_error's interval from the compared runs' per-window losses, or (None, the warning why not)."""
+    found = [[eval_windows(dict(r), metric) for r in rs if value_of(r, metric, rules) is not None and not failed(r)]
+             for rs in (arm, base)]
+    if any(w is None for ws in found for w in ws) or not all(found):
+        return None, (f"no per-window losses of {metric} for some compared runs (LitLM's eval_windows): the "
+                      "interval leaves out the sampling error of the evaluation windows")
+    same = len({len(w) for ws in found for w in ws}) == 1
+    se, n_windows = stats.window_se(*found, paired=same)
+    return stats.with_window_error(a_vals, b_vals, paired, se, n_windows, rules.alpha), None
+
+
+def improvement_share(a_vals: Sequence[float], b_vals: Sequence[float], paired: bool, higher_is_better: bool) -> \
+        float | None:
+    """The probability of improvement: the share of seed pairs (unpaired: of all arm x baseline pairs) in which the
+    arm is better, ties counting half."""
+    a, b = np.asarray(a_vals, dtype=float), np.asarray(b_vals, dtype=float)
+    if not len(a) or not len(b):
+        return None
+    d = a - b if paired else (a[:, None] - b[None, :]).ravel()
+    better = d > 0 if higher_is_better else d < 0
+    return float(better.mean() + 0.5 * (d == 0).mean())
+
+
+def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, rules: Rules) -> dict:
+    """The comparison of one arm's runs with the baseline's (each seed at its compared lr): the difference, its
+    intervals and tests, failures and warnings (fields of verdicts.json, without arm, stratum, lrs and the words,
+    which need the whole family)."""
+    warnings: list[str] = []
+    a_seed, a_all, a_rep = _by_seed(arm, metric, rules)
+    b_seed, b_all, b_rep = _by_seed(base, metric, rules)
+    shared = (a_all & b_all) - {None}
+    paired = rules.paired_by == "seed" or (rules.paired_by == "auto" and bool(shared))
+    for who, rep in (("arm", a_rep), ("baseline", b_rep)):
+        if rep:
+            warnings.append(f"seeds with several runs in the {who} ({', '.join(map(label, rep))}): their mean is used")
+    missing = sum(value_of(r, metric, rules) is None and not failed(r) for r in [*arm, *base])
+    if missing:
+        warnings.append(f"{missing} run(s) that did not fail have no {metric}: left out")
+    pairs_left_out = None
+    if paired:
+        seeds = sorted((s for s in shared if s in a_seed and s in b_seed), key=sort_key)
+        pairs_left_out = len(shared) - len(seeds)
+        alone = sorted((a_all ^ b_all) - {None}, key=sort_key)
+        if alone:
+            warnings.append(f"seeds without a partner in the other arm, left out: {', '.join(map(label, alone))}")
+        a_vals = [statistics.fmean(a_seed[s]) for s in seeds]
+        b_vals = [statistics.fmean(b_seed[s]) for s in seeds]
+        t = stats.paired_t(a_vals, b_vals, rules.alpha)
+    else:
+        seeds = []
+        a_vals = [v for vs in a_seed.values() for v in vs]
+        b_vals = [v for vs in b_seed.values() for v in vs]
+        t = stats.welch_t(a_vals, b_vals, rules.alpha)
+    windowed, why = (_window_interval(arm, base, metric, a_vals, b_vals, paired, rules) if rules.window_error
+                     else (None, None))
+    warnings += [why] if why else []
+    test = windowed if windowed is not None and windowed["ci_low"] is not None else t
+    n = len(seeds) if paired else min(len(a_vals), len(b_vals))
+    blocking = n < MIN_PAIRS
+    if blocking:
+        warnings.append(f"only {n} {'pairs' if paired else 'usable runs in an arm'} (fewer than {MIN_PAIRS}): the "
+                        "verdict is not informative")
+    fail_a, fail_b = sum(map(failed, arm)), sum(map(failed, base))
+    everyone = [(who, k, rs) for who, k, rs in (("arm", fail_a, arm), ("baseline", fail_b, base)) if rs
+                and k == len(rs)]
+    if everyone and (len(everyone) == 2 or not penalized(metric, rules)):
+        blocking = True
+        for who, k, rs in everyone:
+            warnings.append(f"every run of the {who} failed or stalled at the unigram loss ({k} of {len(rs)}; "
+                            f"{sum(bool(r.get('diverged')) for r in rs)} diverged): nothing to compare")
+    trained = _trained_pairs(arm, base, metric) if paired and penalized(metric, rules) else []
+    env, env_blocking = environment_warnings(arm, base, metric, t["diff"])
+    warnings += env
+    return {
+        "n_pairs": len(seeds) if paired else None, "paired_by": "seed" if paired else "none",
+        "diff": t["diff"], "ci_low": test["ci_low"], "ci_high": test["ci_high"], "ci_method": test["method"],
+        "p": test["p"], "p_equivalent": _tost(test, windowed, a_vals, b_vals, paired, rules.margin),
+        "fail_arm": fail_a, "fail_baseline": fail_b, "n_arm": len(arm), "n_baseline": len(base),
+        "fisher_p": stats.fisher_p(fail_a, len(arm), fail_b, len(base)),
+        "warnings": warnings, "informative": not (blocking or env_blocking),
+        "sd": t["sd"], "t_interval": [t["ci_low"], t["ci_high"]],
+        "bootstrap_interval": _listed(stats.bootstrap(a_vals, b_vals, rules.alpha, paired=paired))
+        if rules.interval == "bootstrap" or rules.equivalence == "interval" else None,
+        "p_improvement": improvement_share(a_vals, b_vals, paired, rules.higher_is_better),
+        **({"trained_pairs": len(trained), "diff_trained": statistics.fmean(trained) if trained else None}
+           if penalized(metric, rules) and paired else {}),
+        "diverged_arm": sum(bool(r.get("diverged")) for r in arm),
+        "diverged_baseline": sum(bool(r.get("diverged")) for r in base),
+        "fail_arm_ci": stats.exact_ci(fail_a, len(arm), rules.alpha),
+        "fail_baseline_ci": stats.exact_ci(fail_b, len(base), rules.alpha),
+        **({"window_interval": windowed} if rules.window_error else {}),
+        "pairs_left_out": pairs_left_out, "seeds": seeds,
+        "arm_seeds": sorted(a_all, key=sort_key), "baseline_seeds": sorted(b_all, key=sort_key),
+        "_values": (a_vals, b_vals, paired),
+    }
+
+
+def _tost(test: dict, windowed: dict | None, a_vals: Sequence[float], b_vals: Sequence[float], paired: bool,
+          margin: float) -> float | None:
+    """The equivalence test's p on the interval the verdict uses (the windows' error added when it is)."""
+    if test is windowed:
+        se = math.sqrt(windowed["se_seeds"] ** 2 + windowed["se_window"] ** 2)
+        return stats.tost_p(test["diff"], se, windowed["df"] if windowed["df"] is not None else math.inf, margin)
+    error = stats.standard_error(a_vals, b_vals, paired)
+    return stats.tost_p(test["diff"], *error, margin) if error else None
+
+
+def _trained_pairs(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str) -> list[float]:
+    """The paired differences of the seeds whose runs trained in both arms (what a survivors-only comparison reads)."""
+    survivors = [{r.get("seed"): float(r[metric]) for r in rs if not failed(r) and is_number(r.get(metric))}
+                 for rs in (arm, base)]
+    return [survivors[0][s] - survivors[1][s] for s in sorted(survivors[0].keys() & survivors[1].keys(),
+                                                               key=sort_key)]
+
+
+def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+    return list(interval) if interval is not None else None
+
+
+# --- the words ----------------------------------------------------------------------------------------------------
+
+
+def _bootstrap_words(c: dict, rules: Rules, family: int) -> str:
+    """The word from BCa bootstrap intervals at the Bonferroni levels of the family (no p-values to step down)."""
+    a, b, paired = c["_values"]
+    level = rules.alpha / family
+    diff_ci = stats.bootstrap(a, b, level, paired=paired)
+    eq_ci = stats.bootstrap(a, b, 2 * level, paired=paired) if rules.equivalence == "tost" else diff_ci
+    if eq_ci is not None and -rules.margin < eq_ci[0] and eq_ci[1] < rules.margin:
+        return "equivalent"
+    if diff_ci is not None and stats.significant(*diff_ci):
+        return stats.verdict(*diff_ci, 0.0, rules.higher_is_better)
+    return "inconclusive"
+
+
+def assign_words(comparisons: list[dict], rules: Rules) -> None:
+    """Each comparison's verdict word, adjusted p-values, seeds to plan and the failure check (module docstring)."""
+    family = len(comparisons) if rules.adjust == "holm" else 1
+    tests = [(c["p"], c["p_equivalent"] if rules.equivalence == "tost" else None) for c in comparisons]
+    adjusted = stats.step_down(tests) if rules.adjust == "holm" else tests
+    for c, (p_adj, p_eq_adj), holm in zip(comparisons, adjusted, stats.holm([c["p"] for c in comparisons]),
+                                          strict=True):
+        c["p_holm"], c["p_adjusted"], c["p_equivalent_adjusted"] = holm, p_adj, p_eq_adj
+        bootstrap = rules.interval == "bootstrap" and c["bootstrap_interval"] is not None
+        if rules.interval == "bootstrap" and not bootstrap:
+            c["warnings"].append(f"fewer than {stats.BOOTSTRAP_MIN_N} pairs (or runs per arm): no bootstrap "
+                                 "interval, the verdict uses the t interval")
+        if bootstrap:
+            c["ci_low"], c["ci_high"] = c["bootstrap_interval"]
+            c["ci_method"] = "paired bootstrap (BCa)" if c["paired_by"] == "seed" else "bootstrap (BCa), unpaired"
+            word = _bootstrap_words(c, rules, family)
+        elif rules.equivalence == "interval":  # the (1 - alpha) interval inside the margin
+            word = stats.verdict(c["ci_low"], c["ci_high"], rules.margin, rules.higher_is_better)
+            if word in ("better", "worse") and rules.adjust == "holm" and not (p_adj is not None
+                                                                                and p_adj <= rules.alpha):
+                word = "inconclusive"
+        else:
+            word = stats.decide(c["diff"], p_adj, p_eq_adj, rules.alpha, rules.higher_is_better)
+        boot = c["bootstrap_interval"]
+        if boot is not None and not bootstrap and rules.equivalence == "interval":
+            other = stats.verdict(*boot, rules.margin, rules.higher_is_better)
+            if other != word:
+                c["warnings"].append(f"the bootstrap interval [{boot[0]:+.4g}, {boot[1]:+.4g}] gives {other}")
+        more_failures = (c["fisher_p"] is not None and c["fisher_p"] <= rules.alpha
+                         and c["fail_arm"] / c["n_arm"] > c["fail_baseline"] / c["n_baseline"])
+        if more_failures and word in ("better", "equivalent"):
+            c["warnings"].append(f"the arm fails significantly more often ({c['fail_arm']} of {c['n_arm']} against "
+                                 f"{c['fail_baseline']} of {c['n_baseline']}, Fisher p {c['fisher_p']:.2g}): not "
+                                 f"{word}")
+            word = "inconclusive"
+        c["verdict"], c["significant"] = word, stats.significant(c["ci_low"], c["ci_high"])
+        undecided = word == "inconclusive"
+        if rules.equivalence == "interval" and rules.adjust == "none":  # the rule registered with the old words
+            c["seeds_needed"] = stats.seeds_needed(c["diff"], c["sd"], rules.margin, rules.alpha) if undecided else None
+        else:
+            n = c["n_pairs"] if c["n_pairs"] is not None else min(map(len, c["_values"][:2]))
+            c["seeds_needed"] = (stats.seeds_to_plan(c["diff"], c["sd"], n, rules.margin, rules.alpha, tests=family)
+                                 if undecided else None)
+        c.pop("_values")
+
+
+# --- the whole comparison ------------------------------------------------------------------------------------------
+
+
+def compare(runs: Iterable[Any], factor: str | None = None, baseline: Any = None, *, rules: Rules | None = None,
+            run_check: Callable[[Mapping], str | None] | None = None, unfinished: Sequence[str] = (),
+            **changes: Any) -> dict:
+    """Every arm of the factor against the baseline in every stratum (module docstring): the verdicts.json dict.
+    ``rules`` (default Rules()) with ``factor``, ``baseline`` and any other rule given as a keyword; ``run_check``
+    may flag compared runs (e.g. started before a plan): its message becomes a warning of each comparison holding
+    such runs; ``unfinished`` names run folders that have not ended. Raises CompareError for a request the runs
+    cannot answer."""
+    rules = (rules or Rules()).with_(**{k: v for k, v in (("factor", factor), ("baseline", baseline)) if v is not None},
+                                     **changes)
+    found, duplicates = without_duplicates(records_of(runs))
+    records = [r for r in found if r.get("status") != "preempted"]
+    metric, metric_note = resolve_metric(records, rules.metric)
+    base_value = check_request(records, rules, metric)
+    keys = strata_keys(records, rules.factor)
+    comparisons, notes = [], [n for n in (metric_note,) if n]
+    for members in group_runs(records, keys).values():
+        stratum = {k: members[0].get(k) for k in keys}
+        where = f" in stratum {', '.join(f'{k}={label(v)}' for k, v in stratum.items())}" if stratum else ""
+        by_value = {key[0]: rs for key, rs in group_runs(members, [rules.factor]).items()}  # hashable value -> runs
+        value_of_key = {key: rs[0].get(rules.factor) for key, rs in by_value.items()}
+        base = hashable(base_value)
+        if base not in by_value or len(by_value) < 2:
+            notes.append(f"nothing compared{where}: {'no baseline run' if base not in by_value else 'no other arm'}")
+            continue
+        choice = lr_choice.choose(by_value, rules.lr, rules.lr_choice, metric, where)
+        for value in by_value:
+            if value == base:
+                continue
+            result = compare_pair(choice.runs[value], choice.runs[base], metric, rules)
+            flagged = defaultdict(list)
+            for r in [*choice.runs[value], *choice.runs[base]] if run_check else []:
+                if message := run_check(r):
+                    flagged[message].append(str(r.get("run_dir")))
+            result["warnings"] = [*choice.warnings[value], *choice.warnings[base], *([choice.note] if choice.note
+                                                                                      else []),
+                                  *result["warnings"],
+                                  *(f"{len(d)} compared run(s) {m}: {some(d)}" for m, d in flagged.items()),
+                                  *([f"{len(unfinished)} run(s) of the sweep have not ended: the verdict may change"]
+                                    if unfinished else [])]
+            comparisons.append({"arm": value_of_key[value], "baseline": base_value, "stratum": stratum,
+                                "arm_lr": choice.lrs[value], "baseline_lr": choice.lrs[base], **result,
+                                "lr_choice": choice.record(),
+                                "arm_lr_grid": {label(k): v for k, v in choice.grids[value].items()},
+                                "baseline_lr_grid": {label(k): v for k, v in choice.grids[base].items()}})
+    assign_words(comparisons, rules)
+    stable = lr_curves.stability(records, rules, metric, keys, base_value) if rules.stability else None
+    return {**rules.as_dict(), "baseline": base_value, "metric": metric, "metric_rule": rules.metric,
+            "lr_rule": rules.lr, "failures_rule": ("penalize" if penalized(metric, rules) else
+                                                    "drop" if rules.failures == "drop" else "drop (not a loss)"),
+            "family": len(comparisons) if rules.adjust == "holm" else 1,
+            "strata_keys": keys, "n_runs": len(records), "duplicates": duplicates, "unfinished": list(unfinished),
+            "left_out": sorted(str(r.get("run_dir")) for r in found if r.get("status") == "preempted"),
+            "notes": notes, "comparisons": [_ordered(c) for c in comparisons],
+            **({"stability_verdict": stable} if stable is not None else {})}
+
+
+def some(items: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+VERDICTS_FIELDS = ("arm", "baseline", "stratum", "arm_lr", "baseline_lr", "n_pairs", "diff", "ci_low", "ci_high",
+                   "ci_method", "p", "p_holm", "significant", "verdict", "fail_arm", "fail_baseline", "n_arm",
+                   "n_baseline", "fisher_p", "seeds_needed", "warnings")
+
+
+def _ordered(c: dict) -> dict:
+    """The documented fields of verdicts.json first, in their order, then the extras."""
+    return {**{k: c[k] for k in VERDICTS_FIELDS}, **{k: v for k, v in c.items() if k not in VERDICTS_FIELDS}}

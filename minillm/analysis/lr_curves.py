@@ -1,0 +1,170 @@
+"""The stability verdict: each arm's loss-vs-lr curve against the baseline's, per seed and paired by seed.
+
+For a sweep over an lr grid (``minillm-report <sweep> --compare norm --baseline layernorm --stability``). A seed's
+curve is its loss at each lr of the grid both arms ran, a failed run counting at ln V and every loss clipped at
+ln V (minillm.analysis.compare.value_of with failures penalized: the definition of Wortsman et al. 2023, "Small-scale
+proxies for large-scale Transformer training instabilities"). Per seed:
+
+    lr_sensitivity     mean over the grid of the loss minus the best loss on the grid (nats; lower is better)
+    lr_range_decades   the width, in decades, of the contiguous lrs around the best whose loss is within
+                       ``tolerance`` of it (higher is better; bounded by the grid)
+    failure_rate       the share of the grid's lrs at which the run failed (lower is better)
+
+Each is compared paired by seed (the t interval of the differences), with an equivalence margin of its own
+(margin, range_margin, rate_margin), and the words follow minillm.analysis.stats.decide with the family-wise
+adjustment over every (arm, stratum, measure) of the report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from minillm import schema
+from minillm.analysis import stats
+from minillm.analysis.rules import Rules, failed, value_of
+from minillm.analysis.runs import group_runs, hashable, label, sort_key
+
+MEASURES = {
+    "lr_sensitivity": ("nats", False, "mean over the grid of the loss minus the best loss on the grid"),
+    "lr_range_decades": ("decades", True, "width of the contiguous lrs within the tolerance of the best loss"),
+    "failure_rate": ("share", False, "share of the grid's lrs at which the run failed"),
+}
+
+
+def _margin(measure: str, rules: Rules) -> float:
+    return {"lr_sensitivity": rules.margin, "lr_range_decades": rules.range_margin,
+            "failure_rate": rules.rate_margin}[measure]
+
+
+def seed_curves(runs: Sequence[Mapping], metric: str, rules: Rules) -> dict[Any, dict[Any, tuple[float, bool]]]:
+    """seed -> lr -> (the loss the stability verdict reads, failed) for one value's runs (several runs of a seed at
+    one lr: their mean, failed if any failed)."""
+    penalize = rules.with_(failures="penalize")
+    out: dict[Any, dict[Any, tuple[float, bool]]] = {}
+    for (seed, lr), rs in group_runs(runs, ["seed", "lr"]).items():
+        values = [value_of(r, metric, penalize) for r in rs]
+        values = [v for v in values if v is not None]
+        if values:
+            out.setdefault(seed, {})[lr] = (statistics.fmean(values), any(map(failed, rs)))
+    return out
+
+
+def measures(curve: Mapping[Any, tuple[float, bool]], tolerance: float) -> dict[str, float]:
+    """The three measures of one seed's curve (module docstring); lrs in grid order."""
+    lrs = sorted(curve, key=sort_key)
+    loss = [curve[lr][0] for lr in lrs]
+    best = min(range(len(lrs)), key=loss.__getitem__)
+    low = high = best
+    while low > 0 and loss[low - 1] <= loss[best] + tolerance:
+        low -= 1
+    while high < len(lrs) - 1 and loss[high + 1] <= loss[best] + tolerance:
+        high += 1
+    return {"lr_sensitivity": statistics.fmean(v - loss[best] for v in loss),
+            "lr_range_decades": math.log10(lrs[high] / lrs[low]),
+            "failure_rate": sum(curve[lr][1] for lr in lrs) / len(lrs)}
+
+
+def _compare_measure(arm: Sequence[float], base: Sequence[float], measure: str, rules: Rules) -> dict:
+    t = stats.paired_t(arm, base, rules.alpha)
+    return {"arm_mean": statistics.fmean(arm) if arm else None,
+            "baseline_mean": statistics.fmean(base) if base else None, "diff": t["diff"], "ci_low": t["ci_low"],
+            "ci_high": t["ci_high"], "p": t["p"], "margin": _margin(measure, rules),
+            "p_equivalent": stats.tost_p(t["diff"], *(stats.standard_error(arm, base, True) or (None, None)),
+                                      _margin(measure, rules)), "sd": t["sd"]}
+
+
+def stability(records: Sequence[Mapping], rules: Rules, metric: str, keys: Sequence[str], base_value: Any) -> dict:
+    """The stability verdicts of every arm in every stratum (module docstring) and the curves for the figure."""
+    comparisons, curves, notes = [], [], []
+    for members in group_runs(records, keys).values():
+        stratum = {k: members[0].get(k) for k in keys}
+        by_value = {key[0]: rs for key, rs in group_runs(members, [rules.factor]).items()}
+        base = hashable(base_value)
+        per_value = {v: seed_curves(rs, metric, rules) for v, rs in by_value.items()}
+        curves.append({"stratum": stratum, "values": {label(rs[0].get(rules.factor)): {
+            label(s): {label(lr): loss for lr, (loss, _) in sorted(c.items(), key=lambda kv: sort_key(kv[0]))}
+            for s, c in sorted(per_value[v].items(), key=lambda kv: sort_key(kv[0]))} for v, rs in by_value.items()}})
+        if base not in by_value:
+            continue
+        for value, rs in by_value.items():
+            if value == base:
+                continue
+            arm_c, base_c = per_value[value], per_value[base]
+            grid = sorted(set.intersection(*(set(c) for c in [*arm_c.values(), *base_c.values()])) if arm_c and
+                          base_c else set(), key=sort_key)
+            seeds = sorted(set(arm_c) & set(base_c), key=sort_key)
+            warnings = []
+            full = [len(set(c)) for c in [*arm_c.values(), *base_c.values()]]
+            if full and any(n != len(grid) for n in full):
+                warnings.append(f"seeds ran different lrs: the measures use the {len(grid)} lrs every seed of both "
+                                f"ran ({', '.join(map(label, grid))})")
+            if len(grid) < 2:
+                notes.append(f"no stability verdict for {label(rs[0].get(rules.factor))}"
+                             + (f" ({', '.join(f'{k}={label(v)}' for k, v in stratum.items())})" if stratum else "")
+                             + ": fewer than 2 lrs that every seed of both arms ran")
+                continue
+            per_seed = {who: [measures({lr: c[s][lr] for lr in grid}, rules.tolerance) for s in seeds]
+                        for who, c in (("arm", arm_c), ("baseline", base_c))}
+            if len(seeds) < 3:
+                warnings.append(f"only {len(seeds)} seeds with the whole grid in both arms (fewer than 3): not "
+                                "informative")
+            comparisons.append({
+                "arm": rs[0].get(rules.factor), "baseline": base_value, "stratum": stratum,
+                "grid": grid, "n_pairs": len(seeds), "seeds": seeds, "warnings": warnings,
+                "informative": len(seeds) >= 3,
+                "measures": {m: _compare_measure([x[m] for x in per_seed["arm"]], [x[m] for x in per_seed["baseline"]],
+                                                 m, rules) for m in MEASURES}})
+    tests = [(c["measures"][m]["p"], c["measures"][m]["p_equivalent"]) for c in comparisons for m in MEASURES]
+    adjusted = iter(stats.step_down(tests) if rules.adjust == "holm" else tests)
+    for c in comparisons:
+        for m, (_, higher_is_better, _) in MEASURES.items():
+            entry = c["measures"][m]
+            entry["p_adjusted"], entry["p_equivalent_adjusted"] = next(adjusted)
+            entry["verdict"] = stats.decide(entry["diff"], entry["p_adjusted"], entry["p_equivalent_adjusted"],
+                                         rules.alpha, higher_is_better)
+    inits = [r.get(schema.LOSS_INIT) for r in records if isinstance(r.get(schema.LOSS_INIT), (int, float))]
+    return {"tolerance": rules.tolerance, schema.LOSS_INIT: max(inits) if inits else None,
+            "family": len(tests) if rules.adjust == "holm" else 1,
+            "measures": {m: {"unit": u, "higher_is_better": h, "meaning": d} for m, (u, h, d) in MEASURES.items()},
+            "comparisons": comparisons, "curves": curves, "notes": notes}
+
+
+def plot(result: dict, path: Path) -> None:
+    """loss_vs_lr.png: per stratum one panel, per value its seeds' mean loss against lr with the seeds' range
+    shaded and each seed's points, ln V dashed; the y axis zoomed to the losses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = result["curves"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.9), squeeze=False, sharey=True)
+    shown: list[float] = []
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for value, seeds in panel["values"].items():
+            lrs = sorted({float(lr) for c in seeds.values() for lr in c})
+            by_lr = [[c[label(lr)] for c in seeds.values() if label(lr) in c] for lr in lrs]
+            mean = [statistics.fmean(v) for v in by_lr]
+            line, = ax.plot(lrs, mean, marker="o", lw=1.4, label=f"{value} ({len(seeds)} seeds)")
+            ax.fill_between(lrs, [min(v) for v in by_lr], [max(v) for v in by_lr], color=line.get_color(),
+                            alpha=0.18, lw=0)
+            for lr, v in zip(lrs, by_lr, strict=True):
+                ax.plot([lr] * len(v), v, ".", color=line.get_color(), ms=3, alpha=0.6)
+            shown += [x for v in by_lr for x in v]
+        if result.get(schema.LOSS_INIT):
+            ax.axhline(result[schema.LOSS_INIT], color="gray", ls="--", lw=0.8)
+        ax.set(xscale="log", xlabel="learning rate", title=", ".join(f"{k}={label(v)}" for k, v in
+                                                                     panel["stratum"].items()) or "all runs")
+        ax.legend(fontsize=7)
+    if shown:
+        low, high = min(shown), max(shown)
+        pad = 0.05 * (high - low or 1.0)
+        axes[0][0].set_ylim(low - pad, high + pad)
+    axes[0][0].set_ylabel("loss (failed run = ln V)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
