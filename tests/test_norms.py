@@ -3,7 +3,7 @@ options; the seeds' formulas and worked examples; DyT, ScaleNorm and PowerNorm i
 
 Registry-driven: the tests over "every norm" read NORMS, so a new norm is tested without editing a list, and
 test_every_registered_norm_has_a_reference_formula fails until its formula is written down here
-(docs/norms_and_placements.md, "Adding a norm")."""
+(docs/extending.md, "A norm")."""
 
 import copy
 import math

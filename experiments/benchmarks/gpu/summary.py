@@ -1,5 +1,5 @@
 """The GPU and kernel write-ups, generated from the raw results in results/ (never typed): both benchmarks'
-verdict.json, the results sections of their READMEs, the kernel sentence of the top README, and through
+verdict.json, the results sections of their READMEs, the kernel sentence of docs/kernels.md, and through
 experiments.index the rows of experiments/README.md.
 
     python -m experiments.benchmarks.gpu.summary           # rewrite them from results/*.json
@@ -379,7 +379,7 @@ def outputs(device: str = "NVIDIA-H200") -> dict[Path, str]:
     blocks = {KERNELS / "README.md": kernels_results(name, device, merged, sessions),
               HERE / "README.md": "\n".join([gpu_verdict(name, device, merged, sessions), "",
                                                *preset_lines(merged)]),
-              ROOT / "README.md": readme_sentence(name, device, merged, sessions),
+              ROOT / "docs" / "kernels.md": readme_sentence(name, device, merged, sessions),
               S6: layernorm_sentence(device, merged, sessions)}
     for path, block in blocks.items():
         out[path] = replace_block(path.read_text(), block, path)
