@@ -1,7 +1,7 @@
 """experiments/: a package of studies (studies/sNN_name/rK_name/) and benchmarks (benchmarks/<name>/), found on disk
 by experiments.common.layout; every analysis regenerates its committed results from the committed runs, the index
 of experiments/README.md is generated from the verdict.json files, and the reference loop is built from configs/.
-Each study's rules on made-up runs: tests/test_study_rules.py."""
+Each round's rules on made-up runs: its folder's test_rules.py."""
 
 from __future__ import annotations
 
