@@ -1,6 +1,6 @@
 """experiments/: a package of studies (studies/sNN_name/rK_name/) and benchmarks (benchmarks/<name>/), found on disk
 by experiments.common.layout; every analysis regenerates its committed results from the committed runs, the index
-of experiments/README.md is generated from the verdict.json files, and the reference loop is built from configs/.
+of experiments/README.md is generated from the finding.json files, and the reference loop is built from configs/.
 Each round's rules on made-up runs: its folder's test_rules.py."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def modules() -> list[str]:
 def test_experiments_is_a_package_of_studies_and_benchmarks():
     """studies/ holds only sNN_name/ folders, each a README.md and rK_name/ rounds numbered 1, 2, ...; benchmarks/
     only folders with a README.md; every folder with Python code is a package; every round and benchmark has its
-    verdict.json."""
+    finding.json."""
     names = modules()
     assert "experiments.common.reference" in names and "experiments.common.study" in names
     assert {p.parent for p in EXPERIMENTS.rglob("*.py")} <= {p.parent for p in EXPERIMENTS.rglob("__init__.py")}
@@ -53,8 +53,8 @@ def test_experiments_is_a_package_of_studies_and_benchmarks():
         assert {p.name for p in study.iterdir() if p.is_file()} <= {"README.md", "__init__.py"}, study.name
     assert folders(BENCHMARKS) == {b.name for b in layout.benchmarks()}
     for folder in [*(r for s in studies for r in layout.rounds(s)), *layout.benchmarks()]:
-        verdict = json.loads((folder / "verdict.json").read_text())
-        assert set(verdict) == {"question", "verdict"} and all(verdict.values()), folder
+        finding = json.loads((folder / "finding.json").read_text())
+        assert set(finding) == {"question", "finding"} and all(finding.values()), folder
 
 
 def test_discovery_finds_a_study_added_later(tmp_path):
@@ -89,8 +89,8 @@ def test_no_sys_path_manipulation_in_experiments():
 
 
 def test_index_in_the_readme_is_the_generated_one():
-    """experiments/README.md's table is what python -m experiments.index writes from the verdict.json files: one
-    line per study (every round's verdict in it) and one per benchmark."""
+    """experiments/README.md's table is what python -m experiments.index writes from the finding.json files: one
+    line per study (every round's finding in it) and one per benchmark."""
     readme = (EXPERIMENTS / "README.md").read_text()
     assert index.current(readme) == index.table(), "run: python -m experiments.index"
     table = index.table()
@@ -99,7 +99,7 @@ def test_index_in_the_readme_is_the_generated_one():
     assert index.update(readme) == readme
 
 
-# A headline's numbers: what a verdict.json's question and verdict (and so the index line built from them) write as
+# A headline's numbers: what a finding.json's question and finding (and so the index line built from them) write as
 # a number, with the digits written. Not numbers: a citation's year, a theorem or figure, OLMo 2, a reference to
 # another round, a commit, "95% CI"; nor digits inside a name (S7, fp16, GPT-2, r1_grid, E2). A range's tail is both
 # ends': 1.4-1.6e-2, 44-70%, 0.62-0.81x.
@@ -149,12 +149,12 @@ def _numbers_of(data) -> list[float]:
 
 
 def _result_numbers(folder: Path) -> list[float]:
-    """A round's numbers: its result files (every .json / .md it commits but its verdict, its runs' curves and S1's
+    """A round's numbers: its result files (every .json / .md it commits but its finding, its runs' curves and S1's
     raw gradients) and what experiments.studies.headlines computes for it."""
     from experiments.studies import headlines
 
     files = [p for p in sorted(folder.rglob("*")) if p.suffix in (".json", ".md")
-             and p.name not in ("verdict.json", "curves.json", "raw.json")]
+             and p.name not in ("finding.json", "curves.json", "raw.json")]
     found = [n for p in files for n in _numbers_of(json.loads(p.read_text()) if p.suffix == ".json" else p.read_text())]
     return found + [v for values in headlines.numbers(folder).values() for v in values]
 
@@ -166,12 +166,12 @@ def _unfounded(text: str, numbers: list[float]) -> list[str]:
 
 
 def test_every_headline_number_is_in_its_round_results():
-    """Each round's verdict.json (its question and verdict: the index line) writes only numbers its round's result
+    """Each round's finding.json (its question and finding: the index line) writes only numbers its round's result
     files hold or experiments.studies.headlines computes from the committed runs (scale, labelled re-analyses)."""
     unfounded = {}
     for folder in [r for s in layout.studies() for r in layout.rounds(s)]:
-        said = index.verdict(folder)
-        if missing := _unfounded(f"{said['question']} {said['verdict']}", _result_numbers(folder)):
+        said = index.finding(folder)
+        if missing := _unfounded(f"{said['question']} {said['finding']}", _result_numbers(folder)):
             unfounded[str(folder.relative_to(STUDIES))] = missing
     assert not unfounded, "\n".join(f"{name}: {', '.join(missing)}" for name, missing in unfounded.items())
 

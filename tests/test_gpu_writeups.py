@@ -26,7 +26,7 @@ def row(provider: str, fwd: float, fwdbwd: float, at: dict, m: int = 16384, n: i
 
 
 def test_the_write_ups_are_the_ones_generated_from_the_raw_results():
-    """Both verdict.json files, the READMEs' results sections (kernels, GPU, docs/kernels.md, S6) and the results
+    """Both finding.json files, the READMEs' results sections (kernels, GPU, docs/kernels.md, S6) and the results
     reports are what summary.py writes from the raw JSON: a typed number there fails this test."""
     assert summary.main(["--check"]) == 0
 

@@ -15,16 +15,16 @@ PREREGISTERED: tuple[str, ...] = ()
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
-    """The rounds whose verdict.json says "pre-registered, not yet run" are exactly PREREGISTERED (a round run since
+    """The rounds whose finding.json says "pre-registered, not yet run" are exactly PREREGISTERED (a round run since
     leaves the list with its data commit); each has its analyze.py and no committed runs (so the slow regenerate
     test does not look for results that cannot exist yet)."""
-    saying_so = {str(v.parent.relative_to(STUDIES)) for v in STUDIES.glob("*/*/verdict.json")
-                 if json.loads(v.read_text())["verdict"].startswith(f"**{prereg.NOT_RUN}**")}
+    saying_so = {str(v.parent.relative_to(STUDIES)) for v in STUDIES.glob("*/*/finding.json")
+                 if json.loads(v.read_text())["finding"].startswith(f"**{prereg.NOT_RUN}**")}
     assert saying_so == set(PREREGISTERED)
     found = {str(r.relative_to(STUDIES)) for r in analyses()}
     for name in PREREGISTERED:
         folder = STUDIES / name
-        assert json.loads((folder / "verdict.json").read_text())["verdict"].startswith(f"**{prereg.NOT_RUN}**")
+        assert json.loads((folder / "finding.json").read_text())["finding"].startswith(f"**{prereg.NOT_RUN}**")
         assert (folder / "analyze.py").exists() and name not in found
 
 

@@ -1,8 +1,8 @@
 """Where things are in experiments/, found on disk, never listed by hand.
 
     studies/sNN_name/              a study: README.md (every round) and one folder per round
-    studies/sNN_name/rK_name/      a round: its script(s), its committed data and results, its verdict.json
-    benchmarks/<name>/             a measurement of minillm itself: script(s), results, README.md, verdict.json
+    studies/sNN_name/rK_name/      a round: its script(s), its committed data and results, its finding.json
+    benchmarks/<name>/             a measurement of minillm itself: script(s), results, README.md, finding.json
 
 A round whose folder holds ``analyze.py``, the committed runs (``runs.jsonl``) and ``results.json`` is an
 *analysis*: ``python -m <its module> --out DIR`` re-analyzes the committed runs into DIR, and the results must

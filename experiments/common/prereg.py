@@ -4,7 +4,7 @@ per parameter, the compute estimate on the project's 2-core CPU, and the check t
 read (a metric or a config field that must exist before the run).
 
 A pre-registered round commits its ``analyze.py`` (rules, thresholds, precondition, the exact sweep commands in
-its docstring, the analysis that will read the runs) and a ``verdict.json`` saying NOT_RUN; its ``test_rules.py``
+its docstring, the analysis that will read the runs) and a ``finding.json`` saying NOT_RUN; its ``test_rules.py``
 runs its analysis on made-up runs. Its data commit later adds ``runs.jsonl`` and ``results.json`` (then
 experiments.common.layout finds it as an analysis, and the slow test regenerates it) and replaces the verdict.
 

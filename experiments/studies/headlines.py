@@ -1,6 +1,6 @@
 """The numbers the study headlines quote that no round's analysis writes, computed from the committed files.
 
-Each round's verdict.json says its verdict in one sentence (the index of experiments/README.md is built from it).
+Each round's finding.json says its finding in one sentence (the index of experiments/README.md is built from it).
 Its numbers come from the round's result files (results.json / results.md, the engine's verdicts.json /
 verdicts.md) or from here:
 - every round's **scale**: parameters, tokens per parameter, seeds and steps, from its committed runs (runs.jsonl;

@@ -1,5 +1,5 @@
 """The GPU and kernel write-ups, generated from the raw results in results/ (never typed): both benchmarks'
-verdict.json, the results sections of their READMEs, the kernel sentence of docs/kernels.md, and through
+finding.json, the results sections of their READMEs, the kernel sentence of docs/kernels.md, and through
 experiments.index the rows of experiments/README.md.
 
     python -m experiments.benchmarks.gpu.summary           # rewrite them from results/*.json
@@ -370,12 +370,12 @@ def outputs(device: str = "NVIDIA-H200") -> dict[Path, str]:
     """Every generated file's new text (experiments/README.md's index follows the verdicts: experiments.index)."""
     merged, sessions = sources(device)
     name = merged.get("device") or device
-    verdicts = {KERNELS / "verdict.json": kernels_verdict(name, device, merged, sessions),
-                HERE / "verdict.json": gpu_verdict(name, device, merged, sessions)}
+    verdicts = {KERNELS / "finding.json": kernels_verdict(name, device, merged, sessions),
+                HERE / "finding.json": gpu_verdict(name, device, merged, sessions)}
     out = {}
     for path, text in verdicts.items():
         v = json.loads(path.read_text())
-        out[path] = json.dumps({"question": v["question"], "verdict": text}, indent=1, ensure_ascii=False) + "\n"
+        out[path] = json.dumps({"question": v["question"], "finding": text}, indent=1, ensure_ascii=False) + "\n"
     blocks = {KERNELS / "README.md": kernels_results(name, device, merged, sessions),
               HERE / "README.md": "\n".join([gpu_verdict(name, device, merged, sessions), "",
                                                *preset_lines(merged)]),
