@@ -90,6 +90,7 @@ grad_spike_count  integer|null  gradient-norm spikes
 max_attn_logit  number|null  the largest attention logit measured
 max_abs_h  number|null  the largest |h| in the residual stream measured
 max_log_z  number|null  the largest log Z of the output softmax measured
+max_update_ratio  number|null  the largest update/weight norm ratio of a layer's matrices at a measured step
 skipped_steps  integer|null  steps the GradScaler skipped
 amp_scale  number|null  the GradScaler's last scale
 spike_files  list|null  the spike records written (forensics)

@@ -133,6 +133,7 @@ COLUMNS = (
     Column("max attn logit", "max_attn_logit", _largest),
     Column("max abs h", "max_abs_h", _largest),
     Column("max grad norm", schema.MAX_GRAD_NORM, _largest),
+    Column("max update ratio", "max_update_ratio", _largest),
     Column("spikes", schema.SPIKE_COUNT, _total),
     Column("skipped", "skipped_steps", _total),
     Column("tokens/s", schema.TOKENS_PER_S, _mean),

@@ -20,7 +20,7 @@ from minillm import schema
 
 # the totals summary.json always has (null until measured); any other total a callback records is added to them
 TOTALS = (schema.MAX_GRAD_NORM, "nonfinite_grad_steps", schema.SPIKE_COUNT, schema.GRAD_SPIKE_COUNT, "max_attn_logit",
-          "max_abs_h", "max_log_z", "skipped_steps", "amp_scale", "spike_files")
+          "max_abs_h", "max_log_z", "max_update_ratio", "skipped_steps", "amp_scale", "spike_files")
 _DETACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # trainers without a configured RunTotals
 
 

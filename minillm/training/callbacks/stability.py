@@ -351,6 +351,8 @@ class StabilityMonitor(Observer):
             self.totals.record_max("max_attn_logit", metrics[MAX_ATTN_LOGIT])
         if LOG_Z_MAX in metrics:
             self.totals.record_max("max_log_z", metrics[LOG_Z_MAX])
+        if ratios := [v for k, v in metrics.items() if k.endswith("/update_ratio")]:
+            self.totals.record_max("max_update_ratio", max(ratios))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.probe is not None:
