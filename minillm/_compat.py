@@ -101,7 +101,8 @@ def lightning_precisions() -> tuple[str, ...]:
     from lightning.fabric.connector import _PRECISION_INPUT
 
     values = [str(v) for literal in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(literal)]
-    return tuple(dict.fromkeys(v for v in values if not v.startswith("transformer-engine")))
+    values = list(dict.fromkeys(v for v in values if not v.startswith("transformer-engine")))
+    return tuple(sorted(values, key=lambda v: (v != "32-true", "-" not in v)))  # the default, full names, aliases
 
 
 # --- loggers (minillm/training/loggers.py) ---------------------------------------------------------------------------

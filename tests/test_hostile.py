@@ -99,7 +99,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(overrides, message, tmp
 
 # minillm-replay: (the arguments, what its one line must say); {run} is a 4-step run with checkpoints at steps 2 and 4
 BAD_REPLAY = [
-    ([], "minillm-replay: error: CKPT and --steps A:B are required (or --compare DIR...)"),
+    ([], "minillm-replay: error: CKPT and --steps A:B are required (or --plot DIR...)"),
     (["{run}/checkpoints"], "minillm-replay: error: CKPT and --steps A:B are required"),
     (["{run}/checkpoints", "--steps", "3:2"], "minillm-replay: error: --steps '3:2' is invalid; allowed: A:B with "
                                               "0 <= A < B"),

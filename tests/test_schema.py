@@ -8,7 +8,7 @@ import ast
 import json
 from pathlib import Path
 
-from helpers import run_fast
+from helpers import RESUMABLE, run_fast
 
 from minillm import schema
 from minillm.analysis.report import COLUMNS
@@ -27,7 +27,7 @@ def _type_ok(value, declared: str) -> bool:
 
 
 def test_a_real_runs_summary_holds_exactly_the_schemas_fields_with_their_types(tmp_path, corpus):
-    run = run_fast(tmp_path, corpus, "callbacks=default", "test=true")
+    run = run_fast(tmp_path, corpus, *RESUMABLE, "test=true")
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary) - set(schema.FIELDS) == set(), "summary.json fields the schema does not define"
     assert set(schema.FIELDS) - set(summary) <= set(schema.OPTIONAL), "schema fields a plain run did not write"

@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads((out / "summary.json").read_text())
     record = summary.get("replay") or {}
     same = {True: "bit-identical to the original's", False: "different from the original's", None: "not compared"}
-    print(f"replayed steps {record.get('steps')} from step {record.get('from_step')} into {out}: "
-          f"{'diverged at step ' + str(summary.get('diverged_step')) if summary.get('diverged') else 'no divergence'}"
+    ended = f"diverged at step {summary.get(schema.DIVERGED_STEP)}" if summary.get("diverged") else "no divergence"
+    print(f"replayed steps {record.get('steps')} from step {record.get('from_step')} into {out}: {ended}"
           f"; train losses {same[record.get('identical_to_original')]} ({record.get('compared_steps')} steps compared)")
     return 0
 

@@ -23,7 +23,7 @@ import minillm.training.train as train_script
 
 READS = ("tolist", "item", "__float__", "__bool__", "__int__", "__index__", "cpu", "numpy")
 HOST_SIDE = ("torch/utils/data/", "lightning/pytorch/loops/fetchers.py", "lightning/pytorch/utilities/combined_loader",
-             "/minillm/data/")  # the data pipeline: host tensors on a GPU as well
+             "/minillm/training/data/")  # the data pipeline: host tensors on a GPU as well
 # the default GPU path on the CPU: trainer=gpu's bf16-mixed, and what auto picks on a GPU (fused AdamW, chunked loss)
 GPU_PATH = ("callbacks=default", "logger=wandb", "trainer.precision=bf16-mixed", "+optimizer.fused=true",
             "module.loss_impl=chunked", "trainer.max_steps=22", "trainer.val_check_interval=22",

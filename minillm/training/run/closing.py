@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from minillm import schema
 from minillm.analysis.runs import find_runs
 from minillm.training.checkpointing import find_resume_checkpoint
 from minillm.training.run.naming import in_multirun
@@ -68,16 +69,16 @@ def outcome_line(folder: Path, record: dict[str, Any], evaluation: bool = False)
     """``run <status> after N steps (...): <folder> (files); table and plots: ...`` for a run that has ended; for an
     evaluation (train=false) its test loss and record."""
     if evaluation:
-        return (f"evaluation of {record.get('test_weights')}: test loss {_loss(record.get('test_loss'))}; "
+        return (f"evaluation of {record.get('test_weights')}: test loss {_loss(record.get(schema.TEST_LOSS))}; "
                 f"{folder / 'evaluation.json'}")
     status = record.get("status")
     if status is None:  # callbacks without RunSummary
         return f"run ended: {folder} (csv/metrics.csv, train.log; no summary.json: callbacks without the summary)"
-    detail = f"final val loss {_loss(record.get('final_val_loss'))}"
+    detail = f"final val loss {_loss(record.get(schema.FINAL_VAL_LOSS))}"
     if record.get("test_weights") is not None:
-        detail += f", test loss {_loss(record.get('test_loss'))}"
+        detail += f", test loss {_loss(record.get(schema.TEST_LOSS))}"
     if status == "diverged":
-        detail = f"at step {record.get('diverged_step')}: {record.get('diverged_reason')}"
+        detail = f"at step {record.get(schema.DIVERGED_STEP)}: {record.get('diverged_reason')}"
     return (f"run {status} after {record.get('steps')} steps ({detail}): {folder} (summary.json, csv/metrics.csv, "
             f"train.log); table and plots: python -m minillm.analysis.report {folder}")
 
