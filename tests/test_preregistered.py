@@ -13,7 +13,8 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED: tuple[str, ...] = ("s12_mup_transfer/r1_transfer",)
+PREREGISTERED: tuple[str, ...] = ("s12_mup_transfer/r1_transfer", "s4_batchnorm/r4_powernorm_paper",
+                                   "s5_precision/r3_peri_recipe")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
@@ -417,3 +418,69 @@ def test_s12_r1_mup_transfer_rules():
     runs[0].pop("max_attn_logit")
     with pytest.raises(SystemExit, match="attention logit"):
         s12.analyze(runs)
+
+
+def test_s4_r4_powernorm_paper_rules():
+    """Round 3's made-up runs, clipped: the gates read first, the isolation said only with both gates and R1."""
+    from experiments.studies.s4_batchnorm.r4_powernorm_paper import analyze as r4
+
+    def clipped(runs: Runs, pn64: float = 0.0) -> Runs:
+        for r in runs:
+            r.update(grad_clip=r4.CLIP, max_grad_norm=3.0)
+            if r["norm"] == "powernorm" and not r["norm_options"]["group_scaling"] and r["batch_size"] == 64:
+                r["final_val_loss"] += pn64
+        return runs
+
+    def words(res: dict) -> dict:
+        return {k: w for k, (w, _) in res["verdicts"].items()}
+
+    res, md = r4.analyze(clipped(_pn_runs(-0.03, bn_fails=5)))
+    assert [g["status"] for g in res["precondition"]] == ["present", "present"], md
+    assert words(res) == {"C": "clipping does not remove it", "R1": "confirmed", "R2": "confirmed", "R3": "confirmed",
+                          "isolation": "isolated"}, md
+    res, md = r4.analyze(clipped(_pn_runs(-0.03, bn_fails=5), pn64=0.5))  # PN does not train at batch 64: G1
+    assert res["precondition"][0]["status"] == "absent" and words(res)["isolation"] == "not isolated", md
+    assert words(res)["R1"] == words(res)["R2"] == "premise absent at this scale"
+    res, md = r4.analyze(clipped(_pn_runs(-0.03, bn_fails=0)))  # clipping alone removes BatchNorm's failure
+    assert words(res)["C"] == "clipping removes it" and words(res)["R1"] == "premise absent at this scale", md
+    with pytest.raises(SystemExit, match="clipped"):  # unclipped runs (round 3's) are not this round's
+        r4.analyze(_pn_runs(-0.03, bn_fails=5))
+    runs = clipped(_pn_runs(-0.03, bn_fails=5))
+    runs[0].pop("max_grad_norm")
+    with pytest.raises(SystemExit, match="max grad norm"):
+        r4.analyze(runs)
+
+
+def _peri_runs(pre_growth: float, peri_factor: float, peri_gap: float) -> Runs:
+    """S5 r3 runs: Pre-LN's stream grows ``pre_growth`` over its 12 blocks, Peri-LN's ``peri_factor`` times that;
+    Peri-LN ``peri_gap`` nats from Pre-LN; lr 1e-3 better than 3e-3 by 0.05 for both."""
+    from experiments.studies.s5_precision.r3_peri_recipe import analyze as r3
+
+    out = []
+    for p in r3.PLACEMENTS:
+        for lr in r3.LRS:
+            for s in r3.SEEDS:
+                growth = pre_growth * (peri_factor if p == "peri" else 1.0) * (1 + 0.03 * s)
+                curves = {f"layer/{i}/resid_rms": [(r3.STEPS, 1.0 + (growth - 1.0) * i / (r3.DEPTH - 1))]
+                          for i in range(r3.DEPTH)}
+                loss = 1.9 + (peri_gap if p == "peri" else 0.0) + (0.05 if lr == 3e-3 else 0.0) + 0.003 * s
+                out.append({"placement": p, "lr": lr, "seed": s, "n_layers": r3.DEPTH, "tags": [r3.TAG],
+                            "final_val_loss": loss, "diverged": False, "status": "completed", "curves": curves,
+                            "unigram_loss": 3.26, "loss_init": 4.48})
+    return Runs(out)
+
+
+def test_s5_r3_peri_recipe_rules():
+    from experiments.studies.s5_precision.r3_peri_recipe import analyze as r3
+
+    res, md = r3.analyze(_peri_runs(6.0, 0.3, -0.03))  # 6 >= sqrt(12): the premise
+    assert res["precondition"][0]["status"] == "present" and res["chosen_lr"] == {"pre": 1e-3, "peri": 1e-3}, md
+    assert {k: w for k, (w, _) in res["verdicts"].items()} == {"P1": "confirmed", "P2": "confirmed"}, md
+    res, md = r3.analyze(_peri_runs(6.0, 1.0, 0.2))
+    assert {k: w for k, (w, _) in res["verdicts"].items()} == {"P1": "not at this scale", "P2": "not at this scale"}
+    res, md = r3.analyze(_peri_runs(2.0, 0.3, -0.03))  # Pre-LN's stream grows less than sqrt(12): the gate
+    assert {w for w, _ in res["verdicts"].values()} == {"premise absent at this scale"}, md
+    runs = _peri_runs(6.0, 0.3, -0.03)
+    runs[0]["curves"] = {}
+    with pytest.raises(SystemExit, match="residual RMS"):
+        r3.analyze(runs)
