@@ -236,9 +236,9 @@ class Attention(nn.Module):
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
         with torch.autocast(q.device.type, enabled=False):  # fp32 scores even under autocast, which would make bf16
-            scores = q.float() @ k.float().transpose(-2, -1)
-            scores = scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale
-            scores = soft_cap(scores, self.softcap)
+            scores = q.float() @ k.float().transpose(-2, -1)  # q.k / sqrt(D), or times muP's scale
+            scores = soft_cap(scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale,
+                              self.softcap)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)
             return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
@@ -333,6 +333,7 @@ class Transformer(nn.Module):
         - deepnet (Wang et al. 2022): block linears Xavier-normal, with gain beta = (8L)^(-1/4) for wv, wo, w1,
           w2, w3 and gain 1 for wq, wk; embeddings and the head as gpt2
         - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
+        - parametrization=mup: then the hidden matrices scaled by width (minillm.mup, docs/mup.md)
         """
         cfg = self.cfg
         for module in self.modules():  # first N(0, init_std) everywhere, in module order (the gpt2 draws)
@@ -362,10 +363,7 @@ class Transformer(nn.Module):
                 for w in block.modules():
                     if isinstance(w, nn.Linear):
                         self._reinit(w, scheme)
-        if cfg.parametrization == "mup":  # the hidden matrices' std / sqrt(dim / mup_base_width) (minillm.mup)
-            for name, p in self.named_parameters():
-                if mup.is_hidden_matrix(name, p):
-                    p.mul_(mup.hidden_init_mult(cfg))
+        mup.scale_init(self)  # muP: the hidden matrices' std / sqrt(dim / mup_base_width)
 
     def _reinit(self, module: nn.Module, scheme: str) -> None:
         """One weight matrix (Linear or Embedding) of the xavier or small scheme (see init_weights)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from minillm.errors import ConfigError, check_choice, check_int, invalid
@@ -89,6 +90,17 @@ def is_hidden_matrix(name: str, p: nn.Parameter) -> bool:
 def hidden_init_mult(cfg: ModelConfig) -> float:
     """The factor of the hidden matrices' init std: 1 / sqrt(m)."""
     return width_mult(cfg) ** -0.5
+
+
+@torch.no_grad()
+def scale_init(model: nn.Module) -> None:
+    """Multiply a freshly initialized Transformer's hidden matrices by hidden_init_mult (nothing in standard
+    parametrization, so its draws stay bit for bit)."""
+    if model.cfg.parametrization != "mup":
+        return
+    for name, p in model.named_parameters():
+        if is_hidden_matrix(name, p):
+            p.mul_(hidden_init_mult(model.cfg))
 
 
 def hidden_lr_mult(cfg: ModelConfig, optimizer: str = "adamw", adjust_lr_fn: str | None = None) -> float:
