@@ -415,6 +415,9 @@ def test_s12_r1_mup_transfer_rules():
     assert {w for w, _ in res["verdicts"].values()} == {"premise absent at this scale"}, md
     runs = Runs(r for r in _mup_runs(0.0) if r["norm"] != "layernorm")  # the arm left out for the budget
     assert s12.analyze(runs)[0]["verdicts"]["N"][0] == "not run"
+    words = {k: w for k, (w, _) in s12.analyze(Runs(r for r in runs if r["qk_norm"] == "none"))[0]["verdicts"].items()}
+    assert words == {"T1": "confirmed", "N": "not run", "Q width 32": "not run", "Q width 64": "not run",
+                     "Q width 128": "not run"}
     runs[0].pop("max_attn_logit")
     with pytest.raises(SystemExit, match="attention logit"):
         s12.analyze(runs)

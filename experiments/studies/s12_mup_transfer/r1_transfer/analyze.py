@@ -39,6 +39,8 @@ Hypotheses (3 seeds, paired by seed; each part read with its 95% interval, Holm-
 Through the comparison engine (verdicts.json; plan.yaml, recorded as plan.json before the runs): mup+qk against mup
 per width at the tuned lr, with the stability verdict (lr sensitivity, trainable lr range, failure rate).
 Reported, not tested: the mup+qk slope; per width the best seed-mean loss of mup against standard.
+An arm not run (the budget) leaves its hypotheses "not run" and, for mup+qk, no engine verdicts (this reading of a
+missing arm was added after the pre-registration and before any muP run was analyzed; no rule changed).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
-from experiments.common.study import Runs, analysis_main, mean, table
+from experiments.common.study import Runs, load, mean, parse_args, table, write, write_verdicts
 from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r4
 from minillm import plan as plans
 from minillm.compare import compare
@@ -159,8 +161,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "T1 <= +TOL": (list(slope["mup"].values()), TOL, "at most")}
     if norm_gap:
         spec |= {"N >= -TOL": (norm_gap, -TOL, "at least"), "N <= +TOL": (norm_gap, TOL, "at most")}
+    qk_ratios = {w: prereg.ratios(by_seed[f"mup+qk/{w}"], by_seed[f"mup/{w}"]) for w in WIDTHS}
     for w in WIDTHS:
-        spec[f"Q width {w}"] = (prereg.ratios(by_seed[f"mup+qk/{w}"], by_seed[f"mup/{w}"]), LOWER, "at most", True)
+        if qk_ratios[w]:
+            spec[f"Q width {w}"] = (qk_ratios[w], LOWER, "at most", True)
     holm = pre.parts(spec)
     verdicts = {"T1": within("T1", list(slope["mup"].values()), holm)}
     verdicts["T1"] = (pre.gate(verdicts["T1"][0], gate_p), verdicts["T1"][1])
@@ -170,6 +174,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     else:
         verdicts["N"] = ("not run", "the mup-ln arm was not run (the budget)")
     for w in WIDTHS:
+        if not qk_ratios[w]:
+            verdicts[f"Q width {w}"] = ("not run", "the mup+qk arm was not run at this width (the budget)")
+            continue
         word, why = prereg.verdict_line(f"Q width {w}", holm["parts"][f"Q width {w}"],
                                         "lr sensitivity mup+qk / mup")
         verdicts[f"Q width {w}"] = (pre.gate(word, pre.cell(gate_l, f"width {w}")), why)
@@ -209,7 +216,13 @@ def _params(runs: Runs, width: int) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: False, analyze, None, argv, engine=engine)
+    """analysis_main's steps; the engine's verdicts only where the mup+qk arm ran (it compares that arm)."""
+    args = parse_args(__doc__, argv)
+    out = args.out or HERE
+    runs = load(HERE, args.sweeps, lambda k: False, out)
+    write(out, *analyze(runs))
+    if any(arm_of(r) == "mup+qk" for r in runs):
+        write_verdicts(out, engine(runs))
 
 
 if __name__ == "__main__":
