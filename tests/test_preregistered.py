@@ -418,6 +418,9 @@ def test_s12_r1_mup_transfer_rules():
     words = {k: w for k, (w, _) in s12.analyze(Runs(r for r in runs if r["qk_norm"] == "none"))[0]["verdicts"].items()}
     assert words == {"T1": "confirmed", "N": "not run", "Q width 32": "not run", "Q width 64": "not run",
                      "Q width 128": "not run"}
+    res, md = s12.analyze(Runs(r for r in runs if r["parametrization"] == "standard"))  # the gate alone
+    assert res["precondition"][0]["status"] == "present" and set(w for w, _ in res["verdicts"].values()) == {
+        "not run"}, md
     runs[0].pop("max_attn_logit")
     with pytest.raises(SystemExit, match="attention logit"):
         s12.analyze(runs)
