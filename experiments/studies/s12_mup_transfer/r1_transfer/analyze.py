@@ -196,14 +196,23 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     reported = "; ".join(f"{a}: {mean(v.values()):+.3f} decades per doubling (per seed "
                          f"{' / '.join(f'{x:+.3f}' for x in v.values())})" for a, v in slope.items() if v)
     md = (f"Widths {', '.join(map(str, WIDTHS))}, lr grid {', '.join(f'{lr:g}' for lr in LRS)}, muP base width "
-          f"{BASE}, {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate_p)}\n\n{pre.line(gate_l)}\n\n### Verdicts (rules "
+          f"{BASE}, {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate_p)} {_interval(moved)}\n\n{pre.line(gate_l)}\n\n"
+          f"### Verdicts (rules "
           f"fixed before the runs; {holm['text']})\n\n{vt}\n\nThe best lr's slope against log2(width), per arm: "
           f"{reported}.\n")
     return {"best_log10_lr": {f"{a}/{w}/{s}": v for (a, w, s), v in star.items()},
             "at_grid_edge": {f"{a}/{w}/{s}": v for (a, w, s), v in edge.items()},
             "sensitivity": by_seed, "lr_slopes": slope, "best_loss": best, "verdicts": verdicts,
-            "precondition": [gate_p, gate_l], "holm": holm,
+            "precondition": [gate_p, gate_l], "holm": holm, "standard_slope": moved,
             "n_params": {str(w): _params(runs, w) for w in WIDTHS}}, md
+
+
+def _interval(reading: dict | None) -> str:
+    """The standard arm's slope with its 95% interval (what the gate read)."""
+    if not reading or reading["ci_low"] is None:
+        return ""
+    return (f"The standard arm's slope: {reading['mean']:+.3f} decades per doubling, 95% CI "
+            f"[{reading['ci_low']:+.3f}, {reading['ci_high']:+.3f}].")
 
 
 def _seed_losses(runs: Runs, arm: str, width: int) -> dict[float, list[float]]:
