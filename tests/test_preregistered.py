@@ -13,7 +13,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 from experiments.common.study import Runs
 
-PREREGISTERED: tuple[str, ...] = ("s12_mup_transfer/r1_transfer", "s4_batchnorm/r4_powernorm_paper",
+PREREGISTERED: tuple[str, ...] = ("s4_batchnorm/r4_powernorm_paper",
                                    "s5_precision/r3_peri_recipe")
 
 
