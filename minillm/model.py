@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minillm import mup
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.generation import KVCache, generate
 from minillm.norms import IMPLS, NORMS, build_norm, norm_options
@@ -56,6 +57,8 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2; minillm-import), init 0
     attn_logit_softcap: float | None = None  # Gemma 2: attention scores c * tanh(s / c) before the softmax (50.0)
     final_logit_softcap: float | None = None  # Gemma 2: output logits c * tanh(z / c) (30.0)
+    parametrization: str = "standard"  # standard | mup (minillm.mup: init, attention scale, readout, lrs by width)
+    mup_base_width: int | None = None  # parametrization=mup: the width at which muP and standard are the same model
 
     def __post_init__(self):
         def fail(name: str, value, allowed: str):
@@ -105,6 +108,7 @@ class ModelConfig:
             fail("layernorm_scaling", self.layernorm_scaling, "false when no layer has an input norm (it scales the "
                  "norm before each sublayer: placement pre, peri, or mix's Pre-LN layers)")
         self.head_dim = self.dim // self.n_heads
+        mup.check_config(self)
         if self.ffn_hidden is None:
             self.ffn_hidden = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
 
@@ -195,6 +199,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.softcap = cfg.attn_logit_softcap
+        self.scale = mup.attention_scale(cfg)  # None: 1/sqrt(head_dim)
         qk = cfg.qk_norm != "none"
         self.q_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
         self.k_norm = make_norm(cfg, cfg.qk_norm, cfg.head_dim, cfg.qk_norm_options) if qk else nn.Identity()
@@ -217,7 +222,7 @@ class Attention(nn.Module):
             if start and T > 1:
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)  # (T, S)
         if self.softcap is None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0, scale=self.scale,
                                                enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, T, D)
         else:
             if start == 0:
@@ -231,7 +236,9 @@ class Attention(nn.Module):
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
         with torch.autocast(q.device.type, enabled=False):  # fp32 scores even under autocast, which would make bf16
-            scores = soft_cap(q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.head_dim), self.softcap)
+            scores = q.float() @ k.float().transpose(-2, -1)  # q.k / sqrt(D), or times muP's scale
+            scores = soft_cap(scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale,
+                              self.softcap)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)
             return (scores.softmax(dim=-1) @ v.float()).to(v.dtype)
@@ -326,6 +333,7 @@ class Transformer(nn.Module):
         - deepnet (Wang et al. 2022): block linears Xavier-normal, with gain beta = (8L)^(-1/4) for wv, wo, w1,
           w2, w3 and gain 1 for wq, wk; embeddings and the head as gpt2
         - norms: their own reset_parameters() (gain 1 or 0 when zero-centered, bias 0, running stats reset)
+        - parametrization=mup: then the hidden matrices scaled by width (minillm.mup, docs/mup.md)
         """
         cfg = self.cfg
         for module in self.modules():  # first N(0, init_std) everywhere, in module order (the gpt2 draws)
@@ -355,6 +363,7 @@ class Transformer(nn.Module):
                 for w in block.modules():
                     if isinstance(w, nn.Linear):
                         self._reinit(w, scheme)
+        mup.scale_init(self)  # muP: the hidden matrices' std / sqrt(dim / mup_base_width)
 
     def _reinit(self, module: nn.Module, scheme: str) -> None:
         """One weight matrix (Linear or Embedding) of the xavier or small scheme (see init_weights)."""
@@ -378,7 +387,8 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, D/2)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache=cache[i] if cache is not None else None)
-        return at_positions(self.norm, start)(x)
+        x = at_positions(self.norm, start)(x)
+        return x if self.cfg.parametrization == "standard" else x * mup.readout_mult(self.cfg)  # muP: 1 / m
 
     def forward(self, idx: Tensor, cache: list[KVCache] | None = None) -> Tensor:
         """Token ids (B, T) -> logits (B, T, vocab_size); with a cache (eval mode), idx continues its positions."""

@@ -435,3 +435,29 @@ def test_stability_reanalyses_regenerate_the_committed_files(folder, tmp_path):
                    timeout=300, capture_output=True)
     for name in ("verdicts.json", "verdicts.md"):
         assert (tmp_path / name).read_text() == (folder.parent / "stability" / name).read_text(), folder
+
+
+GPU_ROUNDS = ("s10_mixln.r5_gpu_depth", "s2_warmup.r3_gpu_width")
+
+
+def test_the_gpu_round_fits_its_nine_minutes():
+    """The GPU command's two parts: their stages' limits sum to at most 540 s, and 10 training runs in all."""
+    import importlib
+
+    from experiments.common import gpu_plan
+
+    plans = [importlib.import_module(f"experiments.studies.{r}.plan") for r in GPU_ROUNDS]
+    assert sum(p.BUDGET_S for p in plans) <= gpu_plan.BUDGET_S
+    for p in plans:
+        assert sum(s.limit_s for s in p.STAGES) <= p.BUDGET_S
+    assert sum(len(s.runs) for p in plans for s in p.STAGES) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", GPU_ROUNDS)
+def test_the_gpu_round_dry_run_builds_every_config(round_):
+    """--dry-run on the CPU: every run's config composed and its model built, the estimates inside each limit."""
+    import importlib
+
+    plan = importlib.import_module(f"experiments.studies.{round_}.plan")
+    assert plan.main(["--dry-run"]) == 0

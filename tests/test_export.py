@@ -26,6 +26,7 @@ TEXT = "The king and queen of love.\nThou art  what is this my lord"  # only cha
 MODELS = {  # name: (tokenizer, model config overrides)
     "char": ("char", dict(n_kv_heads=2)),  # GQA, untied head
     "byte": ("byte", dict(n_kv_heads=1, tie_embeddings=True)),
+    "mup": ("char", dict(parametrization="mup", mup_base_width=16)),  # its multipliers folded into the weights
     "other": ("char", dict(norm="batchnorm", norm_options={"eps_mode": "outside"}, placement="post",
                            qk_norm="rmsnorm")),  # no Llama can express it
 }
@@ -92,7 +93,7 @@ def test_minillm_rmsnorm_is_bit_identical_to_llama_rmsnorm():
         assert torch.equal(ours(x), theirs(x)), dtype
 
 
-@pytest.mark.parametrize("name", ["char", "byte"])
+@pytest.mark.parametrize("name", ["char", "byte", "mup"])
 def test_llama_export_matches_minillm_in_transformers(name, ckpts, tmp_path):
     """Same logits (fp32 rounding), same greedy tokens, same tokenizer ids and text, in transformers."""
     pytest.importorskip("transformers")
@@ -117,7 +118,7 @@ def test_llama_export_matches_minillm_in_transformers(name, ckpts, tmp_path):
         diff = (model(x) - hf(x).logits).abs().max().item()
     assert diff < LOGIT_ATOL, diff
 
-    text = TEXT if name == "char" else TEXT + ", caf\u00e9 \u65e5\u672c?"
+    text = TEXT if name != "byte" else TEXT + ", caf\u00e9 \u65e5\u672c?"
     ids = [int(i) for i in tok.encode(text)]
     assert hf_tok(text)["input_ids"] == ids and hf_tok.decode(ids) == text == tok.decode(ids)
     prompt = torch.tensor([ids[:8]])

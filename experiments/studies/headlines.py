@@ -100,6 +100,8 @@ def scale(folder: Path) -> Numbers:
     special = {"s0_textbook_claims": _s0_scale, "s1_grad_at_init": _s1_scale, "s6_cost": _s6_scale}
     if folder.parent.name in special:
         return special[folder.parent.name](folder)
+    if not (folder / "runs.jsonl").exists():  # pre-registered, not yet run: no numbers of its own
+        return {}
     runs = _runs(folder)
     setting = {label: sorted({float(r[key]) for r in runs}) for label, key in (
         ("widths", "dim"), ("layers", "n_layers"), ("learning rates", "lr"), ("batch sizes", "batch_size"))}

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers
 from torch import Tensor
 
+from minillm import mup
 from minillm.errors import ArgumentParser
 from minillm.model import ModelConfig, Transformer
 from minillm.norms import canonical_norm
@@ -86,7 +87,8 @@ def llama_config(cfg: ModelConfig) -> dict[str, Any]:
 
 def llama_state_dict(model: Transformer) -> dict[str, Tensor]:
     """minillm weights under LlamaForCausalLM names, fp32. RoPE needs no permutation of wq/wk: both rotate
-    the pairs (x[i], x[i + D/2]) (minillm's apply_rope, HF's rotate_half)."""
+    the pairs (x[i], x[i + D/2]) (minillm's apply_rope, HF's rotate_half). A muP model's readout multiplier and
+    attention scale are folded into the head and the query projections."""
     sd, n = model.state_dict(), model.cfg.n_layers
     names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not model.cfg.tie_embeddings:  # tied: HF ties lm_head to embed_tokens itself
@@ -96,7 +98,12 @@ def llama_state_dict(model: Transformer) -> dict[str, Tensor]:
     left = set(sd) - set(names) - ({"lm_head.weight"} if model.cfg.tie_embeddings else set())
     if left:
         raise ValueError(f"no Llama name for minillm weights {sorted(left)}")
-    return {theirs: sd[ours].detach().float().cpu().contiguous() for ours, theirs in names.items()}
+    out = {theirs: sd[ours].detach().float().cpu().contiguous() for ours, theirs in names.items()}
+    if model.cfg.parametrization == "mup":  # muP's multipliers folded into the weights they follow (exact)
+        out["lm_head.weight"] *= mup.readout_mult(model.cfg)  # head(h * r) = (head * r)(h)
+        for i in range(n):  # q.k * s = (q * s * sqrt(d)).k / sqrt(d): RoPE is linear, Llama has no QK-norm
+            out[f"model.layers.{i}.self_attn.q_proj.weight"] *= mup.attention_scale(model.cfg) * model.cfg.head_dim**0.5
+    return out
 
 
 # --- tokenizer ------------------------------------------------------------------------------------------

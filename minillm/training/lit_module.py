@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 
-from minillm import _compat
+from minillm import _compat, mup
 from minillm.errors import ConfigError, check_bool, check_choice, check_int, check_number, invalid
 from minillm.metrics import TRAIN_LOSS, TRAIN_LOSS_WITH_Z, TRAIN_LR, TRAIN_TOKENS, eval_metric, tokens_seen
 from minillm.model import ModelConfig, Transformer
@@ -24,7 +24,7 @@ from minillm.training import loss as losses
 from minillm.training.callbacks.common import log_metrics
 from minillm.training.callbacks.reads import DeviceReads, logging_step, step_ended
 from minillm.training.checkpointing import check_model_config
-from minillm.training.optim import BARE_MUON, check_fused, is_bare_muon, param_groups, with_fused
+from minillm.training.optim import BARE_MUON, check_fused, is_bare_muon, param_groups, scale_group_lrs, with_fused
 from minillm.version import provenance
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -275,10 +275,16 @@ class LitLM(L.LightningModule):
         self._eval_epoch_end("test")
 
     def param_groups(self) -> list[dict]:
-        """The optimizer's groups; an optimizer that splits off the hidden matrices (MuonWithAdamW) gets them first."""
+        """The optimizer's groups; an optimizer that splits off the hidden matrices (MuonWithAdamW) gets them first;
+        under muP the hidden matrices' lr multiplier is the optimizer's (minillm.mup.hidden_lr_mult)."""
         factory = getattr(self.optimizer_factory, "func", self.optimizer_factory)
+        muon = getattr(factory, "splits_hidden_matrices", False)
+        kind = "muon" if muon else "adamw" if factory in (torch.optim.AdamW, torch.optim.Adam) else getattr(
+            factory, "__name__", str(factory))
+        adjust = getattr(self.optimizer_factory, "keywords", {}).get("adjust_lr_fn")
+        mult = mup.hidden_lr_mult(self.model.cfg, kind, adjust)
         return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings,
-                            split_hidden=getattr(factory, "splits_hidden_matrices", False))
+                            split_hidden=muon, hidden_lr_mult=mult)
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -301,6 +307,7 @@ class LitLM(L.LightningModule):
             raise ConfigError(BARE_MUON)
         scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
         optimizer = with_fused(self.optimizer_factory, self.device, scaled)(self.param_groups())
+        scale_group_lrs(optimizer)  # muP's per-group lrs (a no-op in standard parametrization)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from minillm.errors import ConfigError, check_betas, check_bool, check_choice, check_int, check_number, invalid
+from minillm.mup import is_hidden_matrix
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt", "wsd")
 STEP_FREE_SCHEDULES = ("constant", "inverse_sqrt")  # they ignore total_steps and min_lr_ratio
@@ -95,24 +96,38 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, kind: str = "cosine", warm
 
 
 def param_groups(model: torch.nn.Module, decay_norms: bool = False, decay_embeddings: bool = False,
-                 split_hidden: bool = False) -> list[dict]:
+                 split_hidden: bool = False, hidden_lr_mult: float = 1.0) -> list[dict]:
     """AdamW parameter groups: weight decay on the matrices of linear layers; the norm gains and biases (every
     0-D and 1-D parameter) and the token embedding get it only when decay_norms / decay_embeddings say so.
     ``split_hidden`` (Muon): a first group of the 2-D hidden matrices (``use_muon``), then the AdamW groups of
-    everything else (embedding, head, gains, biases), each group marked with ``use_muon``."""
+    everything else (embedding, head, gains, biases), each group marked with ``use_muon``. ``hidden_lr_mult``
+    other than 1 (muP, minillm.mup): the hidden matrices in a group of their own, last, marked ``lr_mult``
+    (scale_group_lrs applies it once the optimizer is built)."""
     hidden, decay, no_decay = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if split_hidden and p.ndim == 2 and not name.startswith(("tok_emb.", "lm_head.")):
+        if (split_hidden or hidden_lr_mult != 1.0) and is_hidden_matrix(name, p):
             hidden.append(p)
             continue
         skip = (p.ndim < 2 and not decay_norms) or (name.startswith("tok_emb.") and not decay_embeddings)
         (no_decay if skip else decay).append(p)
+    mult = {"lr_mult": hidden_lr_mult} if hidden_lr_mult != 1.0 else {}
     if not split_hidden:
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [{"params": hidden, "use_muon": True}, {"params": decay, "use_muon": False},
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return groups + [{"params": hidden, **mult}] if hidden else groups
+    return [{"params": hidden, "use_muon": True, **mult}, {"params": decay, "use_muon": False},
             {"params": no_decay, "use_muon": False, "weight_decay": 0.0}]
+
+
+def scale_group_lrs(optimizer: torch.optim.Optimizer) -> None:
+    """Each group marked ``lr_mult`` (param_groups) gets lr * lr_mult and weight_decay / lr_mult (the decoupled
+    decay per step, lr * weight_decay, is unchanged: the ``mup`` package's rule); call it once, on a new
+    optimizer, before the lr schedule is made (a resumed run's groups come from its checkpoint)."""
+    for group in optimizer.param_groups:
+        mult = group.get("lr_mult", 1.0)
+        group["lr"] *= mult
+        group["weight_decay"] /= mult
 
 
 FUSED = ("auto", True, False, None)  # optimizer.fused; not set: auto for torch.optim.AdamW

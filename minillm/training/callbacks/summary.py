@@ -200,7 +200,7 @@ class RunSummary(L.Callback):
         s["precision_used"] = str(trainer.precision)
         s["deterministic"] = torch.are_deterministic_algorithms_enabled()  # trainer.deterministic as it ran
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "qk_norm", "init", "vocab_size", "max_seq_len",
-                    "norm_eps", "tie_embeddings"):
+                    "norm_eps", "tie_embeddings", "parametrization", "mup_base_width"):
             s[key] = getattr(cfg, key, None)
         s.update({
             "norm_options": dict(getattr(cfg, "norm_options", None) or {}),

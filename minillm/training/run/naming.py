@@ -32,7 +32,8 @@ def group_sweeps(cfg: DictConfig) -> None:
             wandb.name = run_name(cfg)
 
 
-NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "optimizer", "optimizer._target_",
+NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "model.parametrization",
+         "model.mup_base_width", "optimizer", "optimizer._target_",
          "optimizer.lr", "optimizer.adamw_lr", "scheduler.warmup_steps", "trainer.precision",
          "seed")  # what run_name always shows (when not default)
 UNNAMED = ("paths", "hydra", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment", "data.files",
@@ -58,15 +59,17 @@ def defaults() -> dict[str, Any]:
 
 
 def run_name(cfg: DictConfig) -> str:
-    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>][-<optimizer>]-lr<lr>[-alr<adamw lr>][-wu<warmup>]
-    [-<precision>]-s<seed>[-from<step>]`` (L, d, qk, the optimizer, wu and the precision where they differ from the
-    default run's, ``defaults``; alr with optimizer=muon; from<step> for a decay branch, decay_from), and in a sweep
-    every other override of the job as ``-<last key part>=<value>``: the sweep's jobs get distinct names."""
+    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>][-mup<base width>][-<optimizer>]-lr<lr>
+    [-alr<adamw lr>][-wu<warmup>][-<precision>]-s<seed>[-from<step>]`` (L, d, qk, the optimizer, wu and the precision
+    where they differ from the default run's, ``defaults``; mup with model.parametrization=mup; alr with
+    optimizer=muon; from<step> for a decay branch, decay_from), and in a sweep every other override of the job as
+    ``-<last key part>=<value>``: the sweep's jobs get distinct names."""
     model, warmup, default = cfg.model, OmegaConf.select(cfg, "scheduler.warmup_steps"), defaults()
     parts = [str(model.norm), str(cfg.placement)]
     parts += [f"L{model.n_layers}"] if model.n_layers != default["n_layers"] else []
     parts += [f"d{model.dim}"] if model.dim != default["dim"] else []
     parts += [f"qk{model.qk_norm}"] if model.qk_norm != default["qk_norm"] else []
+    parts += [f"mup{model.mup_base_width}"] if model.get("parametrization") == "mup" else []
     target = str(cfg.optimizer.get("_target_", default["optimizer"]))
     parts += [optimizer_tag(target)] if target != default["optimizer"] else []
     parts += [f"lr{cfg.optimizer.lr:g}"] + ([f"alr{cfg.optimizer.adamw_lr:g}"] if "adamw_lr" in cfg.optimizer else [])

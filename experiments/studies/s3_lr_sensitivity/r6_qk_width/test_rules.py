@@ -10,7 +10,7 @@ import pytest
 from experiments.common.study import Runs
 
 
-def _qkwidth_runs(benefit_growth: float, logits_grow: bool = True) -> Runs:
+def _qk_width_runs(benefit_growth: float, logits_grow: bool = True) -> Runs:
     """S3 r6 runs: loss-vs-lr parabolas on log10(lr) around lr 3e-3; without QK-norm the curvature grows by
     ``benefit_growth`` per doubling of width, with QK-norm it is a third of width 32's; attention logits 1e4 without
     QK-norm when ``logits_grow`` (else 200), 100 with it."""
@@ -33,17 +33,17 @@ def _qkwidth_runs(benefit_growth: float, logits_grow: bool = True) -> Runs:
 def test_s3_r6_qk_width_rules():
     from experiments.studies.s3_lr_sensitivity.r6_qk_width import analyze as r6
 
-    res, md = r6.analyze(_qkwidth_runs(0.2))  # QK-norm lowers the sensitivity 3x+, more at every width
+    res, md = r6.analyze(_qk_width_runs(0.2))  # QK-norm lowers the sensitivity 3x+, more at every width
     words = {k: w for k, (w, _) in res["verdicts"].items()}
     assert res["precondition"][0]["status"] == "present", md
     assert words == {**{f"Q1 width {w}": "confirmed" for w in r6.WIDTHS}, "Q2": "confirmed"}, md
     assert res["best_log10_lr"]["32/none"][0] == pytest.approx(math.log10(3e-3), abs=1e-6)
-    res, md = r6.analyze(_qkwidth_runs(-0.1))  # the benefit shrinks with width: Q2 not at this scale
+    res, md = r6.analyze(_qk_width_runs(-0.1))  # the benefit shrinks with width: Q2 not at this scale
     assert {k: w for k, (w, _) in res["verdicts"].items()}["Q2"] == "not at this scale", md
-    res, md = r6.analyze(_qkwidth_runs(0.2, logits_grow=False))  # no logit growth: the gate
+    res, md = r6.analyze(_qk_width_runs(0.2, logits_grow=False))  # no logit growth: the gate
     assert res["precondition"][0]["status"] == "absent"
     assert all(w == "premise absent at this scale" for w, _ in res["verdicts"].values()), md
-    runs = _qkwidth_runs(0.2)
+    runs = _qk_width_runs(0.2)
     del runs[0]["max_attn_logit"]
     with pytest.raises(SystemExit, match="max attention logit"):
         r6.analyze(runs)

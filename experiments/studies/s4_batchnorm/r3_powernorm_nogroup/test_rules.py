@@ -6,7 +6,7 @@ from __future__ import annotations
 from experiments.common.study import Runs
 
 
-def _pn_runs(pn_offset: float, bn_fails: int, pn_fails: int = 0, pn_g_offset: float = 0.0) -> Runs:
+def pn_runs(pn_offset: float, bn_fails: int, pn_fails: int = 0, pn_g_offset: float = 0.0) -> Runs:
     """S4 r3 runs at batch 4 and 64: LayerNorm at 2.35 / 1.87, BatchNorm failing in ``bn_fails`` seeds at batch 4,
     PowerNorm without group scaling ``pn_offset`` from LayerNorm (``pn_fails`` failed), with it ``pn_g_offset``."""
     from experiments.studies.s4_batchnorm.r3_powernorm_nogroup import analyze as r3
@@ -30,13 +30,13 @@ def test_s4_r3_powernorm_nogroup_rules():
     from experiments.studies.s4_batchnorm.r3_powernorm_nogroup import analyze as r3
 
     words = lambda res: {k: w for k, (w, _) in res["verdicts"].items()}  # noqa: E731
-    res, md = r3.analyze(_pn_runs(-0.03, bn_fails=5))
+    res, md = r3.analyze(pn_runs(-0.03, bn_fails=5))
     assert res["precondition"][0]["status"] == "present"
     assert words(res) == {"Q1": "confirmed", "Q2": "confirmed", "Q3": "confirmed"}, md
-    res, md = r3.analyze(_pn_runs(0.3, bn_fails=4, pn_fails=2))
+    res, md = r3.analyze(pn_runs(0.3, bn_fails=4, pn_fails=2))
     assert words(res)["Q1"] == "not at this scale" and words(res)["Q2"] == "not at this scale", md
     assert words(res)["Q3"] == "not at this scale"
-    res, md = r3.analyze(_pn_runs(0.3, bn_fails=0, pn_fails=2))
+    res, md = r3.analyze(pn_runs(0.3, bn_fails=0, pn_fails=2))
     assert res["precondition"][0]["status"] == "absent"
     assert words(res)["Q1"] == words(res)["Q2"] == "premise absent at this scale", md
     assert words(res)["Q3"] == "not at this scale"  # parity at batch 64 is not gated
