@@ -92,7 +92,7 @@ def test_fast_dev_run_every_norm_and_placement(norm, placement, tmp_path, corpus
     assert "train/loss" in metrics and metrics["train/loss"] > 0
 
 
-@pytest.mark.parametrize("placement", ["peri", "branch", "deepnorm", "mix"])
+@pytest.mark.parametrize("placement", ["peri", "branch", "deepnorm", "double", "mix"])
 def test_fast_dev_run_newer_placements(placement, tmp_path, corpus):
     metrics = train_script.train(compose_cfg(tmp_path, corpus, "debug=fast_dev_run", f"placement={placement}"))
     assert metrics["train/loss"] > 0
@@ -416,6 +416,13 @@ def test_experiment_presets(tmp_path, corpus):
     m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"branch"} and type(m.layers[0].attn_norm) is RMSNorm
     assert type(m.layers[1].attn.k_norm) is RMSNorm and cfg.module.z_loss == 1e-5
+    d = m.cfg.n_heads * m.cfg.head_dim  # OLMo 2 normalizes the flattened projection of all heads
+    assert m.cfg.qk_norm_axis == "flat" and m.layers[1].attn.q_norm.weight.shape == (d,)
+    cfg = compose_cfg(tmp_path, corpus, "experiment=ngpt")
+    m = Transformer(model_config(cfg, V))
+    assert m.cfg.ngpt and m.cfg.norm == "none" and m.layers[0].attn_step is not None
+    preset = OmegaConf.load(CONFIGS / "experiment" / "ngpt.yaml")  # the tests' overrides set a warmup of 1
+    assert cfg.optimizer.weight_decay == 0 and preset.scheduler.warmup_steps == 0  # the paper: neither
     cfg = compose_cfg(tmp_path, corpus, "experiment=deepnet")
     m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"deepnorm"} and type(m.layers[0].attn_norm) is LayerNorm
