@@ -56,7 +56,7 @@ def test_every_registered_norm_matches_its_formula(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_every_norm_keeps_shape_and_dtype_and_resets(name, dtype):
     norm = build_norm(name, 16, **kw(name))
-    assert {n for n, _ in norm.named_parameters()} <= {"weight", "bias", "alpha"}
+    assert {n for n, _ in norm.named_parameters()} <= {"weight", "bias", "alpha", "shift"}  # scalars: DyT, Derf
     x = randn(3, 8, 16, dtype=dtype)
     for mode in (True, False):
         y = norm.train(mode)(x)

@@ -26,6 +26,7 @@ from minillm.hub import load_checkpoint
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
+from minillm.placements import PLACEMENTS as LAYER_PLACEMENTS
 from minillm.run.build import build_trainer, model_config
 from minillm.run.naming import group_sweeps
 
@@ -359,7 +360,8 @@ def test_every_norm_and_placement_round_trip_through_hydra(norm, tmp_path, corpu
         model = Transformer(mc)
         assert [b.placement for b in model.layers] == [p for p, _ in mc.layer_specs()]
         assert all(type(b.attn_norm) is NORMS[norm] and type(b.ffn_norm) is NORMS[norm] for b in model.layers)
-        assert all((b.attn_out_norm is not None) == (placement == "peri") for b in model.layers)
+        has_out_norm = LAYER_PLACEMENTS.get(placement) is not None and LAYER_PLACEMENTS[placement].out_norm
+        assert all((b.attn_out_norm is not None) == has_out_norm for b in model.layers)
         if norm == "powernorm":
             assert model.layers[0].attn_norm.alpha_fwd == 0.9 and model.layers[0].attn_norm.max_seq_len == 32
 
