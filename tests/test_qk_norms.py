@@ -195,3 +195,20 @@ def test_per_head_gains_refuse_the_options_that_set_gains():
     with pytest.raises(ValueError, match=r"model.qk_norm_options \['zero_centered'\] do not apply with "
                                          r"model.qk_norm_gains=per_head"):
         Transformer(tiny(qk_norm="rmsnorm", qk_norm_gains="per_head", qk_norm_options={"zero_centered": True}))
+
+
+@pytest.mark.parametrize("kw", [dict(attn_scale=0.05), dict(qk_norm="l2"), dict()], ids=["scale", "l2", "default"])
+def test_the_attention_probes_score_as_the_attention_does(kw):
+    """The max attention logit and entropy probes (minillm.callbacks.probe) use the attention's own scale."""
+    from minillm.callbacks.probe import attention_scores
+
+    torch.manual_seed(0)
+    model = Transformer(tiny(**kw))
+    attn = model.layers[0].attn
+    h, cos, sin = block_input(model, tokens())
+    q, k = attn.qk(h, cos, sin)
+    scale = kw.get("attn_scale", 1.0 if kw.get("qk_norm") == "l2" else model.cfg.head_dim**-0.5)
+    expected = q[0] @ k[0].repeat_interleave(q.shape[1] // k.shape[1], 0).transpose(-2, -1) * scale
+    got = next(attention_scores(attn, h, cos, sin))
+    mask = torch.ones(got.shape[-2:], dtype=torch.bool).tril()
+    torch.testing.assert_close(got[:, mask], expected[:, mask])
