@@ -337,8 +337,8 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w1(x), self.w3(x)
         if self.s_u is not None:
-            gate, up = gate * (self.s_v() * self.input_scale).to(gate.dtype), up * (self.s_u() * self.input_scale).to(
-                up.dtype)
+            gate = gate * (self.s_v() * self.input_scale).to(gate.dtype)
+            up = up * (self.s_u() * self.input_scale).to(up.dtype)
         return self.w2(F.silu(gate) * up)
 
 
