@@ -29,6 +29,9 @@ MODELS = {  # name: (tokenizer, model config overrides)
     "mup": ("char", dict(parametrization="mup", mup_base_width=16)),  # its multipliers folded into the weights
     "other": ("char", dict(norm="batchnorm", norm_options={"eps_mode": "outside"}, placement="post",
                            qk_norm="rmsnorm")),  # no Llama can express it
+    "zoo": ("char", dict(norm="derf", placement="double", qk_norm="l2", v_norm=True, embed_scale=True, embed_norm=True,
+                         final_norm=True, branch_scale="layerscale", layer_output_scale=True)),
+    "ngpt": ("char", dict(norm="none", ngpt=True)),
 }
 
 
@@ -208,6 +211,13 @@ def test_a_model_llama_cannot_express_is_refused_with_every_reason(ckpts, tmp_pa
     (dict(layernorm_scaling=True), ["layernorm_scaling=True"]),
     (dict(qkv_bias=True), ["qkv_bias=True"]),
     (dict(attn_norm_options={"eps_mode": "outside"}), ["attn_norm_options.eps_mode=outside"]),
+    (dict(norm="derf", qk_norm="l2", qk_norm_axis="head"), ["norm=derf", "qk_norm=l2"]),
+    (dict(v_norm=True, attn_scale=0.1, embed_scale=True, embed_norm=True), ["v_norm=True", "attn_scale=0.1",
+                                                                           "embed_scale=True", "embed_norm=True"]),
+    (dict(final_norm=True), []),  # Pre-LN has one
+    (dict(final_norm=False, branch_scale="rezero", layer_output_scale=True),
+     ["final_norm=False", "branch_scale=rezero", "layer_output_scale=True"]),
+    (dict(norm="none", ngpt=True), ["norm=none", "ngpt=True"]),
 ])
 def test_llama_incompatibilities_name_each_field(model, reasons):
     found = llama_incompatibilities(model)
@@ -215,6 +225,19 @@ def test_llama_incompatibilities_name_each_field(model, reasons):
 
 
 # --- Hub mixin ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["zoo", "ngpt"])
+def test_the_newer_choices_are_refused_by_llama_and_round_trip_through_the_hub_mixin(name, ckpts, tmp_path, capsys):
+    assert export_main([ckpts[name], str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("minillm-export: error: cannot export to LlamaForCausalLM: ") and "\n" not in err
+    assert not (tmp_path / "hf").exists()
+    assert export_main([ckpts[name], str(tmp_path / "hub"), "--hub-mixin"]) == 0
+    model, _, _ = load_checkpoint(ckpts[name])
+    loaded = MinillmHub.from_pretrained(tmp_path / "hub").eval()
+    x = torch.randint(0, model.cfg.vocab_size, (3, SEQ), generator=torch.Generator().manual_seed(1))
+    assert loaded.cfg == model.cfg and torch.equal(loaded(x), model(x))
 
 
 def test_hub_mixin_round_trip_of_any_model(ckpts, tmp_path):

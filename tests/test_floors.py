@@ -92,7 +92,7 @@ def test_the_tree_reads_as_the_four_jobs():
         {"norms", "kernels", "training", "analysis", "tools"}
     core = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
     assert core == {"model", "placements", "generation", "forensics", "metrics", "errors", "outcome", "schema",
-                    "files", "paths", "version", "distributed", "_compat", "mup"}
+                    "files", "paths", "version", "distributed", "_compat", "mup", "ngpt", "model_config", "layers"}
 
 
 @pytest.mark.parametrize("floor_name", ["analysis"])

@@ -47,7 +47,7 @@ def left_behind(cwd: Path, log: str | None = None) -> list[str]:
 BAD_INPUT = [
     (["seed=-1"], "config error: seed=-1 is invalid; allowed: an integer >= 0 and <= 4294967295"),
     (["trainer.max_steps=ten"], "config error: trainer.max_steps='ten' is invalid; allowed: an integer >= 1"),
-    (["norm=groupnorm"], "config error: norm=groupnorm is invalid; allowed: batchnorm, dyt, fused_rmsnorm, "
+    (["norm=groupnorm"], "config error: norm=groupnorm is invalid; allowed: batchnorm, derf, dyt, fused_rmsnorm, "
                          "layernorm, none, powernorm, rmsnorm, scalenorm"),
     (["optimizer.learning_rate=1e-3"], "config error: optimizer.learning_rate is not a key of the config; "
                                        "optimizer has: betas, eps, lr, weight_decay"),
@@ -118,7 +118,7 @@ BAD_REPLAY = [
     (["{run}/checkpoints", "--steps", "2:4", "seed=3"], "minillm-replay: error: the override seed=3 cannot be "
                                                         "replayed"),
     (["{run}/checkpoints", "--steps", "2:4", "norm=groupnorm"], "minillm-replay: error: norm=groupnorm is invalid; "
-                                                                "allowed: batchnorm, dyt"),
+                                                                "allowed: batchnorm, derf, dyt"),
     (["{run}/checkpoints", "--steps", "2:4", "optimizer.lr=-1"], "minillm-replay: error: optimizer.lr=-1"),
     (["{run}/checkpoints", "--steps", "2:4", "--out", "{run}"], "minillm-replay: error: --out '{run}' is not empty; "
                                                                 "allowed: a new or empty folder"),

@@ -87,7 +87,7 @@ def run_readme(tmp_path: Path, cache: Path, run_all, run_one) -> tuple[Path, dic
 
 
 def check_readme_results(cwd: Path, logs: dict[str, str]) -> None:
-    assert "placement: pre, post, peri, branch, deepnorm, mix" in logs["python train.py --help"]
+    assert "placement: pre, post, peri, branch, deepnorm, double, mix" in logs["python train.py --help"]
     sweep = max((cwd / "logs" / "my_sweep" / "multiruns").iterdir())
     assert len(summaries(sweep)) == 6 and (sweep / "report" / "report.md").is_file()
     verdicts = json.loads((sweep / "report" / "verdicts.json").read_text())  # 2 steps, 1 seed: inconclusive

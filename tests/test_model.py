@@ -276,7 +276,7 @@ def test_too_long_input_is_an_error():
         (dict(mix_fraction="abc"), r"model.mix_fraction='abc' is invalid; allowed: a finite number >= 0 and <= 1$"),
         (dict(tie_embeddings="yes"), r"model.tie_embeddings='yes' is invalid; allowed: true or false$"),
         (dict(rope_theta=0), r"model.rope_theta=0 is invalid; allowed: a finite number > 0$"),
-        (dict(qk_norm="l2"), r"model.qk_norm='l2' is invalid"),
+        (dict(qk_norm="l3"), r"model.qk_norm='l3' is invalid"),
         (dict(mix_fraction=1.5), r"model.mix_fraction=1.5 is invalid"),
         (dict(layers=[{}]), r"model.layers=.* is invalid; allowed: one entry per layer \(n_layers=2\)"),
         (dict(layers=[{"placement": "mix"}, {}]), r"model.layers\[0\].placement='mix' is invalid"),

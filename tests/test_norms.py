@@ -35,6 +35,7 @@ REFERENCES = {
                                + m.bias.double()),  # per-position batch statistics
     "none": lambda x, m: x,
     "dyt": lambda x, m: m.weight.double() * torch.tanh(m.alpha.double() * x) + m.bias.double(),
+    "derf": lambda x, m: m.weight.double() * torch.erf(m.alpha.double() * x + m.shift.double()) + m.bias.double(),
     "powernorm": lambda x, m: m.weight.double() * x / math.sqrt(1.0 + m.eps) + m.bias.double(),  # psi_0^2 = 1
     "scalenorm": lambda x, m: m.weight.double() * x / x.norm(dim=-1, keepdim=True).clamp_min(m.eps),
 }
@@ -55,7 +56,7 @@ def test_every_registered_norm_matches_its_formula(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_every_norm_keeps_shape_and_dtype_and_resets(name, dtype):
     norm = build_norm(name, 16, **kw(name))
-    assert {n for n, _ in norm.named_parameters()} <= {"weight", "bias", "alpha"}
+    assert {n for n, _ in norm.named_parameters()} <= {"weight", "bias", "alpha", "shift"}  # scalars: DyT, Derf
     x = randn(3, 8, 16, dtype=dtype)
     for mode in (True, False):
         y = norm.train(mode)(x)
@@ -404,6 +405,26 @@ def test_dyt_is_gamma_tanh_alpha_x_plus_beta_and_bounded():
     y = norm(huge)
     assert torch.all(y.abs() <= bound + 1e-6)
     assert torch.allclose(y.abs().amax((0, 1)), bound, rtol=0.2)  # the bound is reached by saturated inputs
+
+
+def test_derf_is_gamma_erf_alpha_x_plus_s_plus_beta_with_a_learnable_shift():
+    """Chen et al. 2025: Derf(x) = gamma * erf(alpha x + s) + beta; alpha and s learnable scalars (s from 0)."""
+    norm = randomize(build_norm("derf", 8, alpha0=0.7))
+    assert norm.alpha.item() == pytest.approx(0.7) and norm.shift.item() == 0.0
+    assert sum(p.numel() for p in norm.parameters()) == 2 * 8 + 2
+    with torch.no_grad():
+        norm.shift.fill_(0.3)
+    x, dy = randn(2, 3, 8, scale=2.0), randn(2, 3, 8, seed=2)
+    y = norm(x)
+    torch.testing.assert_close(y, norm.weight * torch.erf(0.7 * x + 0.3) + norm.bias)
+    (y * dy).sum().backward()
+    d_erf = 2 / math.sqrt(math.pi) * torch.exp(-(0.7 * x + 0.3) ** 2)  # erf'(u) = 2/sqrt(pi) exp(-u^2)
+    torch.testing.assert_close(norm.shift.grad, (dy * norm.weight * d_erf).sum().detach().view(1))
+    torch.testing.assert_close(norm.alpha.grad, (dy * norm.weight * d_erf * x).sum().detach().view(1))
+    bound = (norm.weight.abs() + norm.bias.abs()).detach()
+    assert torch.all(norm(randn(4, 5, 8, scale=1e4, seed=3)).abs() <= bound + 1e-6)
+    norm.reset_parameters()
+    assert norm.shift.item() == 0.0 and norm.alpha.item() == pytest.approx(0.7)
 
 
 def test_dyt_alpha_is_one_learnable_scalar_with_alpha0():

@@ -11,7 +11,7 @@ import pytest
 from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 
-PREREGISTERED: tuple[str, ...] = ("s4_batchnorm/r4_powernorm_paper", "s5_precision/r3_peri_recipe")
+PREREGISTERED: tuple[str, ...] = ("s4_batchnorm/r4_powernorm_paper", "s5_precision/r3_peri_recipe", "s8_dyt/r4_derf")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():

@@ -169,12 +169,12 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signa
 
 def test_sync_batchnorm_switch_reaches_minillm_norms(tmp_path, corpus, monkeypatch):
     """trainer.sync_batchnorm=true (Lightning converts only torch's BatchNorm) turns on minillm's sync option."""
-    import minillm.model
+    import minillm.model_config
     import minillm.training.train as train_script
 
     built = []
-    real = minillm.model.build_norm
-    monkeypatch.setattr(minillm.model, "build_norm", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    real = minillm.model_config.build_norm
+    monkeypatch.setattr(minillm.model_config, "build_norm", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
     for norm, switch in (("batchnorm", "true"), ("powernorm", "true"), ("batchnorm", "false")):
         built.clear()
         train_script.prepare(compose_cfg(tmp_path, corpus, f"norm={norm}", f"+trainer.sync_batchnorm={switch}",

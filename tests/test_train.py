@@ -25,6 +25,7 @@ from minillm.errors import ConfigError, DataError
 from minillm.model import PLACEMENTS, ModelConfig, Transformer
 from minillm.norms import NORMS, DyT, LayerNorm, RMSNorm
 from minillm.norms import norm_options as accepted_options
+from minillm.placements import PLACEMENTS as LAYER_PLACEMENTS
 from minillm.tools.hub import load_checkpoint
 from minillm.training.run.build import build_trainer, model_config
 from minillm.training.run.naming import group_sweeps
@@ -92,7 +93,7 @@ def test_fast_dev_run_every_norm_and_placement(norm, placement, tmp_path, corpus
     assert "train/loss" in metrics and metrics["train/loss"] > 0
 
 
-@pytest.mark.parametrize("placement", ["peri", "branch", "deepnorm", "mix"])
+@pytest.mark.parametrize("placement", ["peri", "branch", "deepnorm", "double", "mix"])
 def test_fast_dev_run_newer_placements(placement, tmp_path, corpus):
     metrics = train_script.train(compose_cfg(tmp_path, corpus, "debug=fast_dev_run", f"placement={placement}"))
     assert metrics["train/loss"] > 0
@@ -359,7 +360,8 @@ def test_every_norm_and_placement_round_trip_through_hydra(norm, tmp_path, corpu
         model = Transformer(mc)
         assert [b.placement for b in model.layers] == [p for p, _ in mc.layer_specs()]
         assert all(type(b.attn_norm) is NORMS[norm] and type(b.ffn_norm) is NORMS[norm] for b in model.layers)
-        assert all((b.attn_out_norm is not None) == (placement == "peri") for b in model.layers)
+        has_out_norm = LAYER_PLACEMENTS.get(placement) is not None and LAYER_PLACEMENTS[placement].out_norm
+        assert all((b.attn_out_norm is not None) == has_out_norm for b in model.layers)
         if norm == "powernorm":
             assert model.layers[0].attn_norm.alpha_fwd == 0.9 and model.layers[0].attn_norm.max_seq_len == 32
 
@@ -416,6 +418,13 @@ def test_experiment_presets(tmp_path, corpus):
     m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"branch"} and type(m.layers[0].attn_norm) is RMSNorm
     assert type(m.layers[1].attn.k_norm) is RMSNorm and cfg.module.z_loss == 1e-5
+    d = m.cfg.n_heads * m.cfg.head_dim  # OLMo 2 normalizes the flattened projection of all heads
+    assert m.cfg.qk_norm_axis == "flat" and m.layers[1].attn.q_norm.weight.shape == (d,)
+    cfg = compose_cfg(tmp_path, corpus, "experiment=ngpt")
+    m = Transformer(model_config(cfg, V))
+    assert m.cfg.ngpt and m.cfg.norm == "none" and m.layers[0].attn_step is not None
+    preset = OmegaConf.load(CONFIGS / "experiment" / "ngpt.yaml")  # the tests' overrides set a warmup of 1
+    assert cfg.optimizer.weight_decay == 0 and preset.scheduler.warmup_steps == 0  # the paper: neither
     cfg = compose_cfg(tmp_path, corpus, "experiment=deepnet")
     m = Transformer(model_config(cfg, V))
     assert {b.placement for b in m.layers} == {"deepnorm"} and type(m.layers[0].attn_norm) is LayerNorm

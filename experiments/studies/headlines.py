@@ -31,8 +31,9 @@ Numbers = dict[str, list[float]]
 
 
 def _runs(folder: Path) -> list[dict[str, Any]]:
-    """A round's committed run records (runs.jsonl: each run's summary.json)."""
-    return [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+    """A round's committed run records (runs.jsonl: each run's summary.json); none for a round not run yet."""
+    path = folder / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _distinct(values: Sequence[float]) -> list[float]:
@@ -103,6 +104,8 @@ def scale(folder: Path) -> Numbers:
     if not (folder / "runs.jsonl").exists():  # pre-registered, not yet run: no numbers of its own
         return {}
     runs = _runs(folder)
+    if not runs:
+        return {}
     setting = {label: sorted({float(r[key]) for r in runs}) for label, key in (
         ("widths", "dim"), ("layers", "n_layers"), ("learning rates", "lr"), ("batch sizes", "batch_size"))}
     return {**_scale([r["n_params"] for r in runs], [r["tokens"] for r in runs], len({r["seed"] for r in runs}),

@@ -23,7 +23,7 @@ from minillm.errors import ConfigError, check_choice, check_number
 from minillm.norms.base import EPS_MODES, NORMS, Implemented
 from minillm.norms.batch import BatchNorm, PowerNorm  # importing the norms' modules registers them in NORMS
 from minillm.norms.impl import IMPLS
-from minillm.norms.token import DyT, FusedRMSNorm, LayerNorm, NoNorm, RMSNorm, ScaleNorm
+from minillm.norms.token import Derf, DyT, FusedRMSNorm, LayerNorm, NoNorm, RMSNorm, ScaleNorm
 
 
 def norm_options(name: str) -> list[str]:
@@ -88,6 +88,6 @@ def impls_used(model: nn.Module) -> dict[str, str]:
     return {name: ",".join(sorted(impls)) for name, impls in sorted(used.items())}
 
 
-__all__ = ["EPS_MODES", "IMPLS", "NORMS", "BatchNorm", "DyT", "FusedRMSNorm", "LayerNorm", "NoNorm", "PowerNorm",
-           "RMSNorm", "ScaleNorm", "batch_statistics", "build_norm", "canonical_norm", "canonical_norms", "impls_used",
-           "norm_options"]
+__all__ = ["EPS_MODES", "IMPLS", "NORMS", "BatchNorm", "Derf", "DyT", "FusedRMSNorm", "LayerNorm", "NoNorm",
+           "PowerNorm", "RMSNorm", "ScaleNorm", "batch_statistics", "build_norm", "canonical_norm", "canonical_norms",
+           "impls_used", "norm_options"]

@@ -80,6 +80,11 @@ def dyt(x: Tensor, alpha: Tensor, weight: Tensor | None, bias: Tensor | None) ->
     return affine32(torch.tanh(alpha.float() * x.float()), weight, bias).to(x.dtype)
 
 
+def derf(x: Tensor, alpha: Tensor, shift: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """weight * erf(alpha * x + shift) + bias, in fp32."""
+    return affine32(torch.erf(alpha.float() * x.float() + shift.float()), weight, bias).to(x.dtype)
+
+
 def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
     """g * x / max(||x||_2, eps), in fp32."""
     x32 = x.float()  # (B, T, C)

@@ -182,6 +182,34 @@ class DyT(Implemented, nn.Module):
         return f"{self.dim}, alpha0={self.alpha0}"
 
 
+@register("derf")
+class Derf(DyT):
+    """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, "Stronger Normalization-Free Transformers", 2025).
+
+    y = weight * erf(alpha * x + shift) + bias, elementwise: DyT with erf for tanh and a learnable shift.
+    ``alpha`` (init ``alpha0``) and ``shift`` (init 0) are learnable scalars, ``weight`` (1) and ``bias`` (0)
+    C-vectors; |y| <= |weight| + |bias|. Per-site alpha0 as DyT's (model.attn_norm_options). ``eps`` is unused.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, alpha0: float = 0.5, affine: bool = True,
+                 bias: bool = True):
+        super().__init__(dim, eps, alpha0, affine, bias)
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if hasattr(self, "shift"):  # DyT's __init__ resets before the shift exists
+            nn.init.zeros_(self.shift)
+
+    def implementations(self) -> dict[str, Callable[[Tensor], Tensor] | None]:
+        compiled = impl.compiled(impl.derf)
+        return {"reference": self.reference,
+                "compiled": lambda x: compiled(x, self.alpha, self.shift, self.weight, self.bias)}
+
+    def reference(self, x: Tensor) -> Tensor:
+        return impl.derf(x, self.alpha, self.shift, self.weight, self.bias)
+
+
 @register("scalenorm")
 class ScaleNorm(Implemented, nn.Module):
     """ScaleNorm (Nguyen & Salazar, "Transformers without Tears", IWSLT 2019).

@@ -32,6 +32,12 @@ from minillm.training.data import ByteTokenizer, CharTokenizer, HFTokenizer
 LLAMA_NORM_OPTIONS = {"cast": "llama", "eps_mode": "inside", "zero_centered": False, "affine": True}
 WHY = {"cast": "Llama casts to the input dtype before the gain", "eps_mode": "Llama adds eps inside the sqrt",
        "zero_centered": "Llama stores the gain itself", "affine": "Llama has a learnable gain"}
+# the ModelConfig fields whose every value but the default (final_norm: also true) Llama lacks, and why
+NOT_LLAMA = {"v_norm": "Llama has no value norm", "attn_scale": "Llama's attention scale is 1/sqrt(head_dim)",
+             "embed_scale": "Llama does not scale its embeddings", "embed_norm": "Llama has no embedding norm",
+             "final_norm": "Llama has a final norm", "branch_scale": "Llama has no residual-branch gains",
+             "layer_output_scale": "Llama has no per-layer output scalars",
+             "ngpt": "nGPT's normalized layers and scales are not Llama's"}
 # minillm parameter (in layers.<i>.) -> Hugging Face Llama parameter (in model.layers.<i>.)
 LAYER_NAMES = {"attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
                "attn.wo": "self_attn.o_proj", "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj",
@@ -67,6 +73,10 @@ def llama_incompatibilities(model: dict) -> list[str]:
     for key in ("attn_logit_softcap", "final_logit_softcap"):
         if cfg.get(key) is not None:
             out.append(f"{key}={cfg[key]} (Llama has no logit soft-cap)")
+    defaults = ModelConfig().to_dict()
+    for key, why in NOT_LLAMA.items():
+        if cfg.get(key, defaults[key]) not in (defaults[key], *([True] if key == "final_norm" else [])):
+            out.append(f"{key}={cfg[key]} ({why})")
     return out
 
 

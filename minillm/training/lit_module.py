@@ -136,7 +136,7 @@ class LitLM(L.LightningModule):
         if impl == "plain" or self._eager_for:
             return self.loss(self.model(x), y)
         model = self.model
-        return losses.linear_cross_entropy(model.hidden(x), model.lm_head.weight, y, impl, self.hparams.z_loss,
+        return losses.linear_cross_entropy(model.hidden(x), model.head_weight(), y, impl, self.hparams.z_loss,
                                            model.cfg.final_logit_softcap, self.hparams.loss_chunk_rows)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
@@ -285,6 +285,12 @@ class LitLM(L.LightningModule):
         mult = mup.hidden_lr_mult(self.model.cfg, kind, adjust)
         return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings,
                             split_hidden=muon, hidden_lr_mult=mult)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """Lightning's optimizer step, then the model's renormalize_ (nGPT's matrices back on the unit sphere, on
+        every process alike; nothing for the other models)."""
+        super().optimizer_step(*args, **kwargs)
+        self.model.renormalize_()
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:

@@ -13,6 +13,7 @@ from helpers import EAGER_NORMS
 
 from minillm.model import PLACEMENTS, ModelConfig, Transformer, apply_rope
 from minillm.norms import BatchNorm
+from minillm.placements import PLACEMENTS as LAYER_PLACEMENTS
 from minillm.training.callbacks import (
     ActivationProbe,
     bn_sampling_null,
@@ -127,8 +128,9 @@ def test_probe_sees_every_norm_site_of_every_norm_and_placement(norm, placement)
     probe.detach()
     stats = probe.collect()
     sites = list(probe.sites)
-    per_block = 4 if placement == "peri" else 2  # peri: input and output norm around each sublayer
-    final = placement not in ("post", "deepnorm")  # those blocks end normalized: no final norm
+    kinds = [LAYER_PLACEMENTS[p] for p, _ in model.cfg.layer_specs()]
+    per_block = 4 if kinds[0].out_norm else 2  # peri, double: two norms around each sublayer
+    final = not kinds[-1].ends_normed  # post, deepnorm, double: no final norm
     assert len(sites) == (0 if norm == "none" else 2 * per_block + final), sites
     for site in sites:
         assert f"norm/{site}/in_rms" in stats and f"norm/{site}/in_max_fp16" in stats

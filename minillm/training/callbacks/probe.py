@@ -19,20 +19,22 @@ NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)
 
 
 def attention_scores(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Iterator[Tensor]:
-    """Per sequence of x, the attention scores q_t . k_s / sqrt(D) (H, T, T) in fp32 from ``attn.qk``, -inf where
-    s > t (the causal mask); one sequence at a time, so at most (H, T, T) values are held."""
+    """Per sequence of x, the attention scores q_t . k_s times the attention's scale (``attn.scale``; None: divided
+    by sqrt(D)) (H, T, T) in fp32 from ``attn.qk``, -inf where s > t (the causal mask); one sequence at
+    a time, so at most (H, T, T) values are held."""
     q, k = attn.qk(x, cos, sin)  # (B, H, T, D), (B, Hkv, T, D)
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, T, D): query head h uses kv head h // g
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T)
     for b in range(q.shape[0]):
         with torch.autocast(q.device.type, enabled=False):  # fp32 even under autocast
-            scores = q[b].float() @ k[b].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (H, T, T)
+            scores = q[b].float() @ k[b].float().transpose(-2, -1)  # (H, T, T)
+            scores = scores / math.sqrt(q.shape[-1]) if attn.scale is None else scores * attn.scale
         yield scores.masked_fill(~causal, float("-inf"))
 
 
 def max_attention_logit(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Max over batch, heads and causal pairs (t >= s) of q_t . k_s / sqrt(D), from ``attn.qk`` (0-d fp32)."""
+    """Max over batch, heads and causal pairs (t >= s) of the scaled q_t . k_s (attention_scores), 0-d fp32."""
     return attention_stats(attn, x, cos, sin)[0]
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from minillm.errors import ConfigError, check_name
-from minillm.model import PLACEMENTS, QK_NORMS
+from minillm.model_config import PLACEMENTS, QK_NORMS
 from minillm.training.checkpointing import RESUME_FILES
 from minillm.training.optim import SCHEDULES
 from minillm.training.run.checks import PRECISIONS, TEST_WEIGHTS
