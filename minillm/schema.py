@@ -45,7 +45,9 @@ dim  integer  the model width
 n_layers  integer  the number of decoder layers
 n_heads  integer  attention heads
 n_kv_heads  integer  key/value heads (grouped-query attention)
-qk_norm  string  the QK-norm (none, rmsnorm, layernorm)
+qk_norm  string  the QK-norm (none, rmsnorm, layernorm, l2; its axis and gains are in settings.model)
+parametrization  string  standard or mup (model.parametrization)
+mup_base_width  integer|null  muP's base width, the width its lrs and init are relative to
 init  string  the init scheme (model.init)
 vocab_size  integer  the vocabulary size V
 max_seq_len  integer  the context length
