@@ -18,8 +18,10 @@ HERE = Path(__file__).parent
 TOP = 4.0  # nats: a diverged BatchNorm run is drawn here
 
 
-def main() -> Path:
-    runs = [json.loads(line) for line in (HERE / "runs.jsonl").read_text().splitlines() if line.strip()]
+def main(folder: Path = HERE, note: str = "") -> Path:
+    """powernorm.png in ``folder`` from its runs.jsonl (round 4 draws its own the same way); ``note`` ends each
+    panel's title."""
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, batch in zip(axes, (4, 64), strict=True):
@@ -33,10 +35,10 @@ def main() -> Path:
         if unigram:
             ax.axhline(sum(unigram) / len(unigram), color="grey", ls=":", lw=0.8, label="unigram loss")
         ax.set(xticks=range(len(ARMS)), xticklabels=["BatchNorm", "LayerNorm", "PN (no group\nscaling)", "PN-G"],
-               title=f"batch {batch}", ylim=(1.7, TOP + 0.1))
+               title=f"batch {batch}{note}", ylim=(1.7, TOP + 0.1))
     axes[0].set_ylabel(f"final val loss (nats; red: failed; above {TOP:g} drawn at {TOP:g})")
     axes[0].legend(fontsize=8)
-    out = HERE / "powernorm.png"
+    out = folder / "powernorm.png"
     save(fig, out)
     return out
 
