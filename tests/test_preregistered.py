@@ -12,7 +12,7 @@ from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 
 PREREGISTERED: tuple[str, ...] = ("s3_lr_sensitivity/r7_qk_forms", "s5_precision/r3_peri_recipe", "s7_depth/r5_residual_scalars",
-                                   "s8_dyt/r4_derf", "s13_ngpt/r1_budgets")
+                                   "s13_ngpt/r1_budgets")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
