@@ -108,10 +108,10 @@ def engine(runs: Runs) -> dict:
     """mup+qk against mup per width by the comparison engine, graded by the plan recorded before the runs."""
     record = plans.read_record(HERE / "plan.json")
     records = [{k: v for k, v in r.items() if k != "curves"} for r in runs if arm_of(r) in ("mup", "mup+qk")]
-    rules, kept, check, info = plans.grade(record, records, HERE / "plan.json")
+    here = HERE.relative_to(HERE.parents[3])  # the files are named from the repository root in verdicts.json
+    rules, kept, check, info = plans.grade(record, records, here / "plan.json")
     committed = hashlib.sha256((HERE / "plan.yaml").read_bytes()).hexdigest()  # the plan file beside this one
-    info.update(plan_file=str((HERE / "plan.yaml").relative_to(HERE.parents[3])),  # from the repository root
-                plan_file_changed=committed != record["plan_sha256"])
+    info.update(plan_file=str(here / "plan.yaml"), plan_file_changed=committed != record["plan_sha256"])
     return plans.apply(compare(kept, rules=Rules(**rules), run_check=check), info)
 
 
