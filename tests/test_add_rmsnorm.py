@@ -289,6 +289,7 @@ def _importable(*modules: str) -> bool:
 TRAIN_PACKAGES = ("hydra", "omegaconf", "wandb", "datasets")  # a bare GPU image may lack train.py's packages
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @kernel
 @pytest.mark.skipif(not _importable(*TRAIN_PACKAGES), reason=f"train.py needs {', '.join(TRAIN_PACKAGES)}")
 def test_train_py_with_fused_rmsnorm_probes_histograms_and_wandb(tmp_path, corpus):

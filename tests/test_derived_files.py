@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import ROOT, check_derived_files, logged, read_rows
 from processes import cli, ok
 
@@ -13,6 +14,7 @@ CORPUS_CHARS = 20_000
 TRAIN = str(ROOT / "train.py")
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_summary_metrics_wandb_and_report_agree_for_resumed_branched_and_replayed_runs(tmp_path, shared_cache,
                                                                                         corpus):
     base = [TRAIN, "model=tiny", "data=files", f"data.files=[{corpus}]", "data.batch_size=4", "data.val_windows=4",

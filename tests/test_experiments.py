@@ -387,6 +387,7 @@ def test_reference_loop_reproduces_the_committed_calibration():
                    check=True, timeout=600)
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_independent_loop_imports_nothing_from_minillm_and_trains(tmp_path):
     """experiments/benchmarks/calibration/nanogpt_loop.py, as independent.py runs it (a file, not a module of the
     package): no minillm module is loaded, its first losses are near ln(vocab) and fall on a repetitive text."""

@@ -77,6 +77,7 @@ def test_multiple_choice_reports_accuracy_with_its_interval_and_bits_per_byte_fo
         assert result["acc"] <= result["acc_high"] <= 1 and 0 < result["bpb"] < 20
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_minillm_eval_tasks_and_lm_eval_agree_on_a_local_task(ckpts, tasks, tmp_path, shared_cache):
     """minillm-eval --tasks and `minillm-lm-eval --model minillm` (lm_eval's own command line and registry) on the
     same items: the same accuracy; lm_eval's greedy generations are minillm's."""

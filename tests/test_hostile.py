@@ -248,6 +248,7 @@ def test_debug_overfit_is_a_completed_run_whose_val_loss_falls(tmp_path, shared_
     assert summary["status"] == "completed" and not summary["diverged"] and vals[59] < 0.5 * vals[29], vals
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, shared_cache, corpus):
     """Ctrl-C in job 0 of a two-job sweep stops the sweep; the printed command (the same -m command plus run_id and
     ckpt_path=auto) continues job 0 in its folder and runs job 1, in the same sweep folder; run again, it does

@@ -230,6 +230,7 @@ def sweep_axes(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     return fixed, axes
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_every_value_of_every_preset_sweep_passes_the_checks(tmp_path, corpus):
     """Each preset's documented sweep: its first job, and each value of each axis with the first job's others,
     compose and pass train.py's checks and build their model config, before anyone spends hours on it."""

@@ -617,6 +617,7 @@ def test_benchmark_gate_counts_bf16_steps_across_binade_edges():
     assert (edge[1] - edge[0]).item() == 2
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_benchmarks_import_without_hydra_datasets_wandb():
     """The GPU image has no hydra, omegaconf, datasets or wandb: the benchmark scripts import without them."""
     code = ("import sys, importlib.util\n"

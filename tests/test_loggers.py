@@ -227,6 +227,7 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
     return scalars
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_logger_tensorboard_writes_event_files_beside_the_csv_log(tmp_path, shared_cache, corpus):
     from processes import cli, ok
 

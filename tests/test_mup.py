@@ -225,6 +225,7 @@ def test_standard_groups_are_unchanged_and_mup_groups_carry_the_multiplier():
     assert opt.param_groups[2]["lr_mult"] == 0.25
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_mup_run_resumes_exactly_and_its_checkpoint_loads_as_trained(tmp_path, shared_cache, corpus):
     """train.py with model.parametrization=mup: a run stopped by SIGTERM at step 3 and resumed with
     ckpt_path=auto logs the uninterrupted run's losses (the scaled lrs come back from the checkpoint, not scaled

@@ -108,6 +108,7 @@ def test_the_hidden_states_stay_on_the_sphere():
     torch.testing.assert_close(h.norm(dim=-1), torch.ones(h.shape[:2]))
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_every_optimizer_step_ends_on_the_sphere_and_a_resumed_run_stays_there(optimizer, tmp_path, corpus):
     """Lightning's step, then renormalize_ (LitLM.optimizer_step): after 4 steps, and after resuming to 6."""

@@ -83,6 +83,7 @@ def test_a_bare_muon_is_refused_in_one_line():
 # --- as a user runs it -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_muon_trains_the_tiny_model_and_resumes_bit_exactly(tmp_path, shared_cache, corpus):
     """optimizer=muon from a fresh folder with W&B on: the loss falls, both lrs are in summary.json and the run
     name; a run stopped by SIGTERM at step 3 and resumed with ckpt_path=auto logs the uninterrupted run's losses."""
@@ -153,6 +154,7 @@ def test_adamw_is_fused_on_a_gpu_unless_a_grad_scaler_unscales_or_the_config_say
     assert with_fused(muon, cuda) is muon  # only AdamW is fused by default
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_bad_optimizer_fused_is_a_one_line_config_error(tmp_path, corpus):
     import subprocess
     import sys

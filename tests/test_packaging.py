@@ -52,6 +52,7 @@ def test_the_wheel_holds_every_config_the_console_scripts_and_the_license(wheel)
     assert "triton" in metadata and "sys_platform == \"linux\"" in metadata  # Triton only where it exists
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_an_installed_wheel_finds_its_own_configs(wheel, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path), str(wheel)],
                    check=True, capture_output=True, timeout=300)
@@ -104,6 +105,7 @@ def test_runs_record_the_version_and_commit_and_eval_gives_their_held_out_number
     assert held_out["test/bpc"] == pytest.approx(metrics["test/bpc"], rel=1e-6)
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_eval_command_errors_are_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "minillm.tools.evaluate", str(tmp_path / "missing.ckpt")],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)

@@ -111,6 +111,7 @@ def test_a_sweep_graded_by_its_plan_follows_the_plan_whatever_the_command_line_s
     assert "equivalent (met)" in (sweep / "report" / "verdicts.md").read_text()
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_run_started_before_the_plan_and_a_plan_edited_after_the_sweep_are_reported(tmp_path, capsys):
     (tmp_path / "plan.yaml").write_text(PLAN)
     record_plan(tmp_path / "plan.yaml", "s", tmp_path / "logs")

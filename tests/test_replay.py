@@ -83,6 +83,7 @@ def test_a_replay_without_override_is_bit_identical_and_a_counterfactual_changes
     assert (tmp_path / "both.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_replay_is_bit_identical_from_every_kind_of_checkpoint(tmp_path, shared_cache, corpus):
     """The checkpoints a user has: last.ckpt and best.ckpt written at the end of a fit (a 6-step run, later continued
     to 12 steps), a step-N checkpoint and a preempted.ckpt. Replayed, each gives the original's losses step by step
@@ -108,6 +109,7 @@ def test_a_replay_is_bit_identical_from_every_kind_of_checkpoint(tmp_path, share
         assert losses(run / "replays" / ckpt) == {s: original[s] for s in range(first, 12)}, ckpt
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_planted_layer_first(tmp_path,
                                                                                                   shared_cache, corpus):
     """At step 40 the update of layer 1 is made 300 times larger (helpers.LrJump); the loss spikes at step 41.
@@ -145,6 +147,7 @@ def test_a_planted_spike_leaves_its_file_checkpoint_and_a_lead_lag_with_the_plan
     assert leadlag["step"] == 41 and leadlag["lead_lag"][0]["signal"] == "layer/1/update_ratio"
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_qk_norm_replayed_on_the_batches_of_an_attention_logit_blow_up_survives_where_the_run_diverged(
         tmp_path, shared_cache, corpus):
     """Before step 25 layer 1's query and key weights are scaled by 1e19 (helpers.AttentionBlowUp, planted): its

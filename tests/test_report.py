@@ -151,6 +151,7 @@ def test_cli_writes_the_report(sweep, tmp_path):
     assert missing.returncode == 2 and "empty does not exist; allowed: a folder holding run folders" in missing.stderr
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @pytest.mark.parametrize("sweep_file", ["wandb_sweep.yaml", "wandb_sweep_bayes.yaml"])
 def test_wandb_sweep_config_drives_train_py_with_hydra_overrides(sweep_file, tmp_path):
     spec = yaml.safe_load((ROOT / "experiments" / sweep_file).read_text())
@@ -288,6 +289,7 @@ def test_bad_comparison_options_are_one_error_line_and_write_nothing(args, error
     assert not (sweep / "report").exists()
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_compare_on_a_real_cpu_study_sweep_logs_its_verdicts_to_wandb(tmp_path):
     """train.py's cpu_study sweep with W&B and CSV loggers (tiny overrides), then the comparison with --wandb:
     all three files, and an offline W&B run of job_type report in the sweep's group whose table holds the

@@ -142,6 +142,7 @@ def test_two_processes_train_like_one_process_with_twice_the_batch(tmp_path, cor
     assert logged(read_rows(Path(two.paths.output_dir)), "train/tokens")[5] == 6 * 8 * 32
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @pytest.mark.parametrize("signalled, stopped", [(2, 3), (4, 5)])  # 2: the next step validates: stop after that
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(signalled, stopped, tmp_path, corpus):
     """Under trainer=ddp_cpu only rank 0 gets SIGTERM, after step `signalled` (its hooks for that step have run):

@@ -278,6 +278,7 @@ def test_16_mixed_on_cpu_warns_and_runs_bf16_while_cpu_fp16_scales_fp16(tmp_path
     assert any(r.get("stab/amp_scale") for r in read_rows(Path(cfg.paths.output_dir)))
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_compiled_run_records_every_stability_metric_as_the_eager_run(tmp_path, corpus):
     """model.compile=true: the measured steps run uncompiled, so the forward hooks fire; every metric is logged
     at the same steps as in an eager run, with the same values (aot_eager: the same arithmetic, no codegen)."""
@@ -348,6 +349,7 @@ def test_norm_config_lists_every_option_with_the_class_default(norm):
         k: params[k].default for k in accepted_options(norm) if k != "max_seq_len"}  # the model passes it
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @pytest.mark.parametrize("norm", NORM_FILES)
 def test_every_norm_and_placement_round_trip_through_hydra(norm, tmp_path, corpus):
     for placement in PLACEMENTS:

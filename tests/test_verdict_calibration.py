@@ -22,6 +22,7 @@ def test_the_default_rules_keep_the_family_wise_error_at_alpha(name):
     assert cell["family_false"]["n"] == REPS and cell["family_false"]["rate"] <= bound, cell
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_the_rules_before_break_the_bound_on_the_same_sweeps():
     """The guard can fail: the unadjusted words of the rules before exceed it on the flat five-arm sweep."""
     scenario = next(s for s in sim.scenarios() if s.name == "flat lr curve, null, 5 arms, 8 seeds")

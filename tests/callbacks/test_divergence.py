@@ -73,6 +73,7 @@ def test_forced_nan_ends_the_run_as_diverged_and_keeps_the_last_good_checkpoint(
     assert re.findall(r"^step (\d+):$", samples, flags=re.M) == ["2"]
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_multirun_with_a_diverging_member_finishes_every_run_and_reports(tmp_path, corpus):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=tiny", "data=files", f"data.files=[{corpus}]",

@@ -50,6 +50,7 @@ def _with_step_of(monkeypatch) -> None:
         self, *a, callbacks=[StepOf(), *callbacks], **k))
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_step_that_logs_nothing_reads_nothing_and_a_logging_step_reads_once(tmp_path, corpus, monkeypatch,
                                                                               compiled):

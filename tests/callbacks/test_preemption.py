@@ -96,6 +96,7 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path, corpus, s
     (3, False, 2),  # ... before a longer one (Lightning alone would cut it after its first batch and lose it)
     (3, "end", 1),  # signal as the validation ends, after this callback's hook: stops now, not a validation later
 ])
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_preemption_around_validation_resumes_exactly(step, during_validation, val_batches, tmp_path, corpus,
                                                       full_run):
     val = f"data.val_windows={8 * val_batches}"  # 8 windows per batch

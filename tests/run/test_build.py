@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import compose_cfg, read_rows
 
@@ -47,6 +48,7 @@ def test_trains_on_cpu_reads_the_accelerator_and_the_machine(monkeypatch):
         assert build.trains_on_cpu({}) == cpu  # auto is the default
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_compiled_cpu_backward_has_no_atomic_adds_under_the_default(tmp_path, corpus):
     """model.compile=true on the CPU: Inductor fuses the embedding's backward with the first norm's and, unless
     deterministic mode is on, sums each token's gradient row with atomic adds, whose order changes from call to

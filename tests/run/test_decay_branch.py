@@ -18,6 +18,7 @@ WSD = ["model=tiny", "data=files", "data.batch_size=4", "data.val_windows=4", "t
        "callbacks.text_sample.max_new_tokens=8", "scheduler=wsd", "scheduler.warmup_steps=2", "name=wsd"]
 
 
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_decay_branches_are_new_runs_with_the_losses_of_the_wsd_run_of_their_budget(tmp_path, shared_cache, corpus):
     base = [TRAIN, *WSD, f"data.files=[{corpus}]"]
     runs = tmp_path / "logs" / "wsd" / "runs"

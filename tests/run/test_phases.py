@@ -83,6 +83,7 @@ def check_phase(phase: str, signum: int, tmp_path: Path, cache: Path, corpus: Pa
 @pytest.mark.parametrize("phase, signum", [("set-up", signal.SIGINT), ("fit", signal.SIGTERM),
                                            ("validation", signal.SIGINT), ("sample", signal.SIGTERM),
                                            ("test", signal.SIGINT), ("final writes", signal.SIGTERM)])
+@pytest.mark.slow  # long (end to end); `-m slow` runs it
 def test_a_signal_in_each_phase_leaves_a_true_status_and_a_resume_that_finishes_the_run(
         phase, signum, tmp_path, shared_cache, corpus, uninterrupted, sigint):
     check_phase(phase, signum, tmp_path, shared_cache, corpus, uninterrupted)
