@@ -8,6 +8,7 @@ import csv
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -27,6 +28,17 @@ CONFIGS = ROOT / "configs"
 
 WORDS = ("the king and queen of love shall come to night with fair sweet words my lord "
          "thou art what is this now good sir I will not be so").split()
+
+
+def call_main(main: Callable[[list[str]], object], args: list, capsys) -> tuple[int, str, str]:
+    """A console script's main() in this process: (exit code, stdout, stderr)."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def write_corpus(path: Path, n_chars: int = 30_000, seed: int = 0) -> Path:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from helpers import call_main
 from test_report import report_main
 from test_verdicts import planted_runs, write_sweep
 
@@ -19,13 +20,7 @@ def plan_main(args: list, capsys) -> tuple[int, str, str]:
     """minillm-plan in this process: (exit code, stdout, stderr)."""
     from minillm.analysis.plans import main
 
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return call_main(main, args, capsys)
 
 
 PLAN = """\

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, compose_cfg, write_corpus
+from helpers import ROOT, call_main, compose_cfg, write_corpus
 
 from minillm.analysis.report import lr_sensitivity, summarize, write_report
 from minillm.analysis.runs import find_runs
@@ -202,13 +202,7 @@ def report_main(args: list[str], capsys) -> tuple[int, str, str]:
     """minillm-report in this process: (exit code, stdout, stderr)."""
     from minillm.analysis.report import main
 
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return call_main(main, args, capsys)
 
 
 def test_compare_writes_verdicts_next_to_the_report(tmp_path, capsys):

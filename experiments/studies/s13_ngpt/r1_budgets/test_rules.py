@@ -73,3 +73,23 @@ def test_s13_r1_a_failed_pilot_run_counts_at_ln_v():
         if r1.arm(r) == "ngpt" and r["seed"] == 0 and r["lr"] == 3e-2:
             r.update(final_val_loss=None, diverged=True)
     assert r1.choose_lr(runs)["ngpt"]["lr"] in (1e-2, 1e-1)
+
+
+def test_s13_r1_choose_lr_reads_the_pilot_folders_and_prints_the_two_lrs(tmp_path, monkeypatch, capsys):
+    """`--choose-lr SWEEP...` (what run.sh reads its lrs from): the pilot runs' summary.json files in, lr_choice.json
+    and "<baseline lr> <nGPT lr>" out."""
+    import json
+
+    from experiments.studies.s13_ngpt.r1_budgets import analyze as r1
+
+    pilot = [r for r in _runs({100: 0.0, 200: 0.0, 400: 0.0}, {"baseline": 3e-3, "ngpt": 1e-2})
+             if r["seed"] in r1.PILOT_SEEDS]
+    for i, r in enumerate(pilot):
+        folder = tmp_path / ("pilot_ngpt" if r1.arm(r) == "ngpt" else "pilot_baseline") / str(i)
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({k: v for k, v in r.items() if k != "curves"}))
+    monkeypatch.setattr(r1, "LR_FILE", tmp_path / "lr_choice.json")
+    r1.main(["--choose-lr", str(tmp_path / "pilot_baseline"), str(tmp_path / "pilot_ngpt")])
+    assert capsys.readouterr().out.split() == ["0.003", "0.01"]
+    chosen = json.loads((tmp_path / "lr_choice.json").read_text())
+    assert (chosen["baseline"]["lr"], chosen["ngpt"]["lr"]) == (3e-3, 1e-2)
