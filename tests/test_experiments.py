@@ -219,12 +219,14 @@ def test_documented_paths_and_links_exist():
 
 def test_experiments_cite_only_what_the_repository_holds():
     """No document of experiments/ points at notes a reader of the repository cannot open (a Markdown file the
-    repository does not hold, a path above the checkout or outside it, an issue number), and none has runs of blank
-    lines. Scripts are held to the paths and issue numbers only: the .md names they mention are files they write."""
+    repository does not hold, a path above the checkout or outside it, an issue number, the "sessions" of whoever
+    measured: a reader has runs and rounds), and none has runs of blank lines. Scripts are held to the paths and
+    issue numbers only: the .md names they mention are files they write."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     held = {Path(f).name for f in tracked.split()}
     markdown = re.compile(r"(?<![\w./-])[\w./-]*?([A-Za-z][\w-]*\.md)\b")
-    elsewhere = re.compile(r"(?<![\w:/.~-])/(?:work|home|root|mnt|srv|opt)/[\w./-]*|\b[Ii]ssues? #?\d+")
+    elsewhere = re.compile(r"(?<![\w:/.~-])/(?:work|home|root|mnt|srv|opt)/[\w./-]*|\b[Ii]ssues? #?\d+"
+                           r"|\b[Ss]essions?\b")
     found = []
     for p in (p for p in TEXTS if EXPERIMENTS in p.parents):
         text = p.read_text()

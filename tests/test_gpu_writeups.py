@@ -41,15 +41,15 @@ def test_a_typed_number_in_a_generated_section_is_caught(tmp_path, monkeypatch):
 
 def test_the_summary_reads_each_number_from_the_rows():
     """The verdict's figures change with the rows: the fused add's forward ratio is the rows' median."""
-    merged, sessions = summary.sources("NVIDIA-H200")
-    fig = summary.figures(merged, sessions)
+    merged, rounds = summary.sources("NVIDIA-H200")
+    fig = summary.figures(merged, rounds)
     k = merged["kernel"]
     pairs = [(summary._by(k, "add_kernels", "fused_add", m, n), summary._by(k, "add_kernels", "add+fused", m, n))
              for m, n in summary.JUDGED]
     expected = sorted(o["graph_fwd_ms"] / f["graph_fwd_ms"] for f, o in pairs)
     assert sorted(fig["add"]["fwd"]) == pytest.approx(expected)
     assert f"{min(expected):.2f}-{max(expected):.2f}x forward" in summary.kernels_verdict(
-        "NVIDIA H200", "NVIDIA-H200", merged, sessions)
+        "NVIDIA H200", "NVIDIA-H200", merged, rounds)
 
 
 def test_a_ratio_between_rows_of_two_runs_is_not_judged():

@@ -5,11 +5,11 @@ experiments.index the rows of experiments/README.md.
     python -m experiments.benchmarks.gpu.summary           # rewrite them from results/*.json
     python -m experiments.benchmarks.gpu.summary --check   # exit 1 when a committed one is not the generated one
 
-Reads, per device, its merged report results/<device>.json (merge.py) and the reports of single GPU sessions kept
-beside it, results/<device>-run<N>[-what].json (a merged report or a kernel report, as that session committed it).
+Reads, per device, its merged report results/<device>.json (merge.py) and the reports of single GPU rounds kept
+beside it, results/<device>-run<N>[-what].json (a merged report or a kernel report, as that round committed it).
 Every ratio is between two rows of one run (report.judge); every spread is measured: [min, max] over a row's repeats
-where it has them, and between sessions the same configuration measured again (a key whose row differs between a
-session's report and a later one's), ratio later / earlier. Imports only the standard library.
+where it has them, and between rounds the same configuration measured again (a key whose row differs between a
+round's report and a later one's), ratio later / earlier. Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def kernel_part(report: dict) -> dict:
 
 
 def sources(device: str) -> tuple[dict, list[tuple[str, dict]]]:
-    """(the merged report, judged again on its rows; [(name, report)] of the single sessions, oldest first)."""
+    """(the merged report, judged again on its rows; [(name, report)] of the single rounds, oldest first)."""
     merged = merge.judged(json.loads((RESULTS / f"{device}.json").read_text()))
-    sessions = sorted(RESULTS.glob(f"{device}-run*.json"), key=lambda p: p.stem)
-    return merged, [(p.name, json.loads(p.read_text())) for p in sessions]
+    rounds = sorted(RESULTS.glob(f"{device}-run*.json"), key=lambda p: p.stem)
+    return merged, [(p.name, json.loads(p.read_text())) for p in rounds]
 
 
 def span(values: list[float], fmt: str = "{:.0%}") -> str:
@@ -63,7 +63,7 @@ def span(values: list[float], fmt: str = "{:.0%}") -> str:
 
 def moves(earlier: dict, later: dict) -> list[dict]:
     """The configurations measured again: every key of both reports whose rows differ, with later / earlier of each
-    time both rows have (the spread between sessions, as measured)."""
+    time both rows have (the spread between rounds, as measured)."""
     out = []
     a, b = kernel_part(earlier), kernel_part(later)
     for section in R.KEYS:
@@ -80,13 +80,13 @@ def moves(earlier: dict, later: dict) -> list[dict]:
     return out
 
 
-def between_sessions(sessions: list[tuple[str, dict]], merged: dict) -> list[dict]:
-    """moves() from the first session's report to every later report (the later sessions' own and the merged one),
+def between_rounds(rounds: list[tuple[str, dict]], merged: dict) -> list[dict]:
+    """moves() from the first round's report to every later report (the later rounds' own and the merged one),
     one per (section, key, field)."""
-    if not sessions:
+    if not rounds:
         return []
-    first, found = sessions[0][1], {}
-    for _, later in [*sessions[1:], ("merged", merged)]:
+    first, found = rounds[0][1], {}
+    for _, later in [*rounds[1:], ("merged", merged)]:
         for m in moves(first, later):
             found.setdefault((m["section"], m["key"], m["field"]), m)
     return list(found.values())
@@ -125,11 +125,11 @@ def pair_ratio(reports: list[tuple[str, dict]], section: str, fused: str, other:
     return None, seen[0] if seen else "not measured", False
 
 
-def figures(merged: dict, sessions: list) -> dict:
-    """The headline numbers of a merged report's kernel part (ratios also from the sessions' own reports, as the
+def figures(merged: dict, rounds: list) -> dict:
+    """The headline numbers of a merged report's kernel part (ratios also from the rounds' own reports, as the
     README table takes them: pair_ratio), each from its rows."""
     k, runs = merged["kernel"], R.runs(merged["kernel"])
-    reports = [("the merged report", merged), *sessions]
+    reports = [("the merged report", merged), *rounds]
     fused = [r for r in k.get("kernels", []) if r["provider"] == "fused" and (r["M"], r["hidden"]) in JUDGED]
     within = {base: [] for base in ("F.rms_norm", "torch.compile", "liger")}
     add = {"fwd": [], "fwdbwd": []}
@@ -163,8 +163,8 @@ def verdict_word(count: dict) -> str:
     return "met" if count["PASS"] and not count["FAIL"] else "missed" if not count["PASS"] else "partly"
 
 
-def kernels_verdict(device: str, slug: str, merged: dict, sessions: list) -> str:
-    f = figures(merged, sessions)
+def kernels_verdict(device: str, slug: str, merged: dict, rounds: list) -> str:
+    f = figures(merged, rounds)
     n = f["count"]
     bwd_met = sum(v >= 0.80 for v in f["bwd"])
     spread = ("each configuration timed once: spread unmeasured" if f["repeats"] < 2
@@ -173,8 +173,8 @@ def kernels_verdict(device: str, slug: str, merged: dict, sessions: list) -> str
     vs = ", ".join(f"{span(v, '{:.2f}x')} `{b}`" for b, v in f["vs"].items())
     add_fwd, add_fb = span(f["add"]["fwd"], "{:.2f}x"), span(f["add"]["fwdbwd"], "{:.2f}x")
     bwd = span(f["bwd"]) + (" (eager timings: autograd included)" if f["bwd_eager"] else "")
-    return (f"**{verdict_word(n)}** ({device}, bf16, {len(f['runs'])} benchmark processes in {len(sessions) or 1} "
-            f"sessions; {spread}): forward {span(f['fwd'])} of copy at M >= 16K (target 90%); backward alone "
+    return (f"**{verdict_word(n)}** ({device}, bf16, {len(f['runs'])} benchmark processes in {len(rounds) or 1} "
+            f"rounds; {spread}): forward {span(f['fwd'])} of copy at M >= 16K (target 90%); backward alone "
             f"{bwd} (target 80%: met at {bwd_met} of {len(f['bwd'])} shapes); fwd+bwd {vs} (CUDA-graph "
             f"replays, ratios within one run); the fused add + norm {add_fwd} forward (byte bound {R.ADD_FWD_BOUND}x), "
             f"{add_fb} fwd+bwd (target {R.ADD_SPEEDUP}x); in a compiled 125M train step `fused_rmsnorm` / `rmsnorm`: "
@@ -187,19 +187,19 @@ def _tests_line(merged: dict) -> str:
     return re.sub(r", \d+ warnings?", "", lines[-1].split(" in ")[0]) if lines else "not run"
 
 
-def gpu_verdict(device: str, slug: str, merged: dict, sessions: list) -> str:
-    f = figures(merged, sessions)
+def gpu_verdict(device: str, slug: str, merged: dict, rounds: list) -> str:
+    f = figures(merged, rounds)
     preset = {(r["compiled"], r["stability"]): r for r in merged.get("preset", []) if "error" not in r}
     on, off = preset.get((True, True)), preset.get((True, False))
     words = "" if not (on and off) else (
         f"; the preset compiled: {on['perf/tokens_per_s'] / 1e3:.0f}k tokens/s with the stability callbacks "
         f"(MFU {on['perf/mfu']:.1%}, full count), {off['perf/tokens_per_s'] / 1e3:.0f}k without")
-    moved = between_sessions(sessions, merged)
+    moved = between_rounds(rounds, merged)
     eager = [m["ratio"] for m in moved if m["section"] == "train_step" and not m["row"]["compiled"]]
     graphs = [m["ratio"] for m in moved if m["field"].startswith("graph")]
-    return (f"**run in {len(sessions) or 1} sessions, on an {device}**: the kernel tests of the last session "
+    return (f"**run in {len(rounds) or 1} rounds, on an {device}**: the kernel tests of the last round: "
             f"{_tests_line(merged)}; targets {f['count']['PASS']} PASS, {f['count']['FAIL']} FAIL, "
-            f"{f['count']['n/a']} n/a{words}; measured again in a later session, CUDA-graph replays moved "
+            f"{f['count']['n/a']} n/a{words}; measured again in a later round, CUDA-graph replays moved "
             f"{span([g - 1 for g in graphs], '{:+.0%}')} in time and eager train steps ran "
             f"{span([1 / e for e in eager], '{:.2f}x')} the tokens/s (results/{slug}.md)")
 
@@ -226,11 +226,11 @@ def _pair(cells: list[str]) -> str:
     return " / ".join(cells)
 
 
-def kernel_table(merged: dict, sessions: list) -> list[str]:
+def kernel_table(merged: dict, rounds: list) -> list[str]:
     """Per judged hidden size, the two judged M side by side: bandwidths and the ratios of one run each (from the
-    merged report, else from a session's own report where that has both rows of one run)."""
+    merged report, else from a round's own report where that has both rows of one run)."""
     k, runs = merged["kernel"], R.runs(merged["kernel"])
-    reports = [("the merged report", merged), *sessions]
+    reports = [("the merged report", merged), *rounds]
     hidden = sorted({n for _, n in JUDGED})
     rows = sorted({m for m, _ in JUDGED})
 
@@ -278,11 +278,11 @@ def train_table(merged: dict) -> list[str]:
     return lines
 
 
-def session_table(sessions: list, merged: dict) -> list[str]:
-    """What moved when a later session measured the same configuration again: later / earlier, min-max."""
-    moved = between_sessions(sessions, merged)
+def round_table(rounds: list, merged: dict) -> list[str]:
+    """What moved when a later round measured the same configuration again: later / earlier, min-max."""
+    moved = between_rounds(rounds, merged)
     if not moved:
-        return ["No configuration was measured in two sessions."]
+        return ["No configuration was measured in two rounds."]
     def graph(m: dict) -> bool:
         return m["section"] != "train_step" and m["field"].startswith("graph")
 
@@ -293,7 +293,7 @@ def session_table(sessions: list, merged: dict) -> list[str]:
              ("backward tunables", lambda m: m["section"] == "tune"),
              ("train step, compiled", lambda m: m["section"] == "train_step" and m["row"]["compiled"]),
              ("train step, eager", lambda m: m["section"] == "train_step" and not m["row"]["compiled"])]
-    lines = [f"Sessions: {', '.join(name for name, _ in sessions)}, then the merged report. Time in the later session "
+    lines = [f"Rounds: {', '.join(name for name, _ in rounds)}, then the merged report. Time in the later round "
              "over the time in the first (above 1: slower).", "",
              "| what | times compared | later / earlier |", "|---|---|---|"]
     for title, keep in kinds:
@@ -303,25 +303,25 @@ def session_table(sessions: list, merged: dict) -> list[str]:
     fused_add = sorted((m for m in moved if m["key"][0] == "fused_add" and m["field"] == "graph_fwdbwd_ms"),
                        key=lambda m: m["key"][1:])
     if fused_add:
-        lines += ["", "The fused add + norm's forward+backward (CUDA-graph replay), measured in both sessions: " +
+        lines += ["", "The fused add + norm's forward+backward (CUDA-graph replay), measured in both rounds: " +
                   ", ".join(f"{m['key'][1] // 1024}K x {m['key'][2] // 1024}K {m['ratio']:.3f}" for m in fused_add)
                   + "."]
     return lines
 
 
-def kernels_results(device: str, slug: str, merged: dict, sessions: list) -> str:
-    count = figures(merged, sessions)["count"]
+def kernels_results(device: str, slug: str, merged: dict, rounds: list) -> str:
+    count = figures(merged, rounds)["count"]
     lines = [f"{device}, the merged report [gpu/results/{slug}.md](../gpu/results/{slug}.md) (its runs table names "
              "each run R1, R2, ... by the copy bandwidth its process measured, and its date where recorded). Each "
              "ratio is between two rows of one run (in brackets); `not comparable`: the two rows come from two runs. "
              f"Targets: {count['PASS']} PASS, {count['FAIL']} FAIL, {count['n/a']} n/a.", "",
-             *kernel_table(merged, sessions), "", "Train step (~125M, batch x 1024 tokens):", "",
-             *train_table(merged), "", "Measured in two sessions:", "", *session_table(sessions, merged)]
+             *kernel_table(merged, rounds), "", "Train step (~125M, batch x 1024 tokens):", "",
+             *train_table(merged), "", "Measured in two rounds:", "", *round_table(rounds, merged)]
     return "\n".join(lines)
 
 
-def readme_sentence(device: str, slug: str, merged: dict, sessions: list) -> str:
-    f = figures(merged, sessions)
+def readme_sentence(device: str, slug: str, merged: dict, rounds: list) -> str:
+    f = figures(merged, rounds)
     step = " and ".join(f"{v:.2f}x in {p}" for p, v in f["step"].items())
     return (f"Measured on an {device} (bf16; `experiments/benchmarks/gpu/results/{slug}.md`): the forward at "
             f"{span(f['fwd'])} of the copy bandwidth at M >= 16K, the backward alone at {span(f['bwd'])}, "
@@ -330,10 +330,10 @@ def readme_sentence(device: str, slug: str, merged: dict, sessions: list) -> str
             f"~125M training step `fused_rmsnorm` runs at {step or 'unmeasured speed'} of `rmsnorm`'s tokens/s.")
 
 
-def layernorm_sentence(slug: str, merged: dict, sessions: list) -> str:
+def layernorm_sentence(slug: str, merged: dict, rounds: list) -> str:
     """RMSNorm against LayerNorm on the GPU, torch's fused kernels on both sides (S6's GPU answer): ratios within
     one run, from the first report that has both rows of one run at a judged shape."""
-    reports = [("the merged report", merged), *sessions]
+    reports = [("the merged report", merged), *rounds]
 
     def ratios(fused: str, other: str, phase: str) -> list[float]:
         cells = [pair_ratio(reports, "kernels", fused, other, m, n, phase) for m, n in JUDGED]
@@ -348,7 +348,7 @@ def layernorm_sentence(slug: str, merged: dict, sessions: list) -> str:
     ln_fb, ln_f = (span(ratios("F.rms_norm", "F.layer_norm", p), "{:.2f}x") for p in ("fwdbwd", "fwd"))
     vs_rms, vs_ln = (span(ratios("fused", other, "fwdbwd"), "{:.2f}x") for other in ("F.rms_norm", "F.layer_norm"))
     return (f"On a GPU (the kernel benchmark, {merged.get('device')}, bf16, M 16K-64K x hidden 2K-8K; "
-            f"`experiments/benchmarks/gpu/results/{slug}.md` and the session reports beside it), with torch's fused "
+            f"`experiments/benchmarks/gpu/results/{slug}.md` and the round reports beside it), with torch's fused "
             f"kernels on both sides, `F.layer_norm` takes {ln_fb} the time of `F.rms_norm` forward+backward ({ln_f} "
             f"forward); minillm's fused RMSNorm is {vs_rms} faster than `F.rms_norm` and {vs_ln} faster than "
             "`F.layer_norm` forward+backward (CUDA-graph replays, ratios within one run). In a compiled ~125M "
@@ -368,29 +368,29 @@ def replace_block(text: str, block: str, where: Path) -> str:
 
 def outputs(device: str = "NVIDIA-H200") -> dict[Path, str]:
     """Every generated file's new text (experiments/README.md's index follows the verdicts: experiments.index)."""
-    merged, sessions = sources(device)
+    merged, rounds = sources(device)
     name = merged.get("device") or device
-    verdicts = {KERNELS / "finding.json": kernels_verdict(name, device, merged, sessions),
-                HERE / "finding.json": gpu_verdict(name, device, merged, sessions)}
+    verdicts = {KERNELS / "finding.json": kernels_verdict(name, device, merged, rounds),
+                HERE / "finding.json": gpu_verdict(name, device, merged, rounds)}
     out = {}
     for path, text in verdicts.items():
         v = json.loads(path.read_text())
         out[path] = json.dumps({"question": v["question"], "finding": text}, indent=1, ensure_ascii=False) + "\n"
-    blocks = {KERNELS / "README.md": kernels_results(name, device, merged, sessions),
-              HERE / "README.md": "\n".join([gpu_verdict(name, device, merged, sessions), "",
+    blocks = {KERNELS / "README.md": kernels_results(name, device, merged, rounds),
+              HERE / "README.md": "\n".join([gpu_verdict(name, device, merged, rounds), "",
                                                *preset_lines(merged)]),
-              ROOT / "docs" / "kernels.md": readme_sentence(name, device, merged, sessions),
-              S6: layernorm_sentence(device, merged, sessions)}
+              ROOT / "docs" / "kernels.md": readme_sentence(name, device, merged, rounds),
+              S6: layernorm_sentence(device, merged, rounds)}
     for path, block in blocks.items():
         out[path] = replace_block(path.read_text(), block, path)
     report = RESULTS / f"{device}.json"  # the merged report's targets and markdown, judged by today's rules
     out[report] = json.dumps(merged, indent=1, default=str) + "\n"
     out[report.with_suffix(".md")] = merge.page(merged)
-    for name, session in sessions:  # a session's own kernel report (a merged one keeps its file as committed)
-        if "kernel" not in session and (RESULTS / name).with_suffix(".md").exists():
-            session["targets"] = R.judge(session)
-            out[RESULTS / name] = json.dumps(session, indent=1, default=str) + "\n"
-            out[(RESULTS / name).with_suffix(".md")] = R.markdown(session)
+    for name, round in rounds:  # a round's own kernel report (a merged one keeps its file as committed)
+        if "kernel" not in round and (RESULTS / name).with_suffix(".md").exists():
+            round["targets"] = R.judge(round)
+            out[RESULTS / name] = json.dumps(round, indent=1, default=str) + "\n"
+            out[(RESULTS / name).with_suffix(".md")] = R.markdown(round)
     return out
 
 
