@@ -38,8 +38,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pre
+from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, rate_ci, table
 from minillm.analysis import stats as st
+from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import failed_of, final_loss, is_stalled
 
 HERE = Path(__file__).parent
@@ -97,12 +99,36 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "precondition": list(gates.values())}, md
 
 
+def plot(runs: Runs, out: Path) -> None:
+    """scalars.png (drawn after the rules were committed; it decides nothing): every run's train loss per arm, the
+    failed runs red, the unigram loss dashed."""
+    runs = [r for r in runs if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None]
+    plt = pyplot()
+    fig, axes = plt.subplots(len(BASES), 1 + len(SCALARS), figsize=(12, 6.4), sharex=True, sharey=True)
+    for ax, arm in zip(axes.flat, ARMS, strict=True):
+        mine = sorted((r for r in runs if arm_of(r) == arm), key=lambda r: r["seed"])
+        for r in mine:
+            if r["curves"].get(TRAIN_LOSS):
+                ax.plot(*xy(r["curves"][TRAIN_LOSS]), lw=0.8, alpha=0.8, color="tab:red" if failed(r) else "tab:blue")
+        if mine:
+            ax.axhline(mean(r["unigram_loss"] for r in mine), ls="--", color="k", lw=0.8, label="unigram loss")
+        ax.set_title(f"{arm}: {sum(map(failed, mine))}/{len(mine)} failed", fontsize=9)
+        ax.set_ylim(1.8, 4.8)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("train loss (red: failed)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"L = {DEPTH}: Post-LN (top) and no norm (bottom), without a scalar, ReZero, LayerScale", fontsize=10)
+    save(fig, out / "scalars.png")
+
+
 def _p(p: float | None) -> str:
     return "-" if p is None else f"{p:.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: False, analyze, None, argv)
+    analysis_main(__doc__, HERE, lambda k: k == TRAIN_LOSS, analyze, plot, argv)
 
 
 if __name__ == "__main__":
