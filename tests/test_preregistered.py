@@ -28,6 +28,14 @@ def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
         assert (folder / "analyze.py").exists() and name not in found
 
 
+def test_rounds_that_ran_do_not_say_not_yet_run():
+    """A round with committed runs says nothing of not having run in its analysis's docstring (the --help text its
+    users read): the data commit drops the status there as it does in finding.json."""
+    stale = [str(r.relative_to(STUDIES)) for r in analyses()
+             if prereg.NOT_RUN in (r / "analyze.py").read_text().split('"""')[1]]
+    assert not stale
+
+
 def test_prereg_helpers():
     assert prereg.steps_for(20, 341_424) == 6700
     assert prereg.tokens_per_parameter(6700, 341_424) == pytest.approx(20.1, abs=0.05)

@@ -1,4 +1,4 @@
-"""S10 round 4 (pre-registered, not yet run): LayerNorm Scaling where its paper's setting holds. Rounds 2-3 ran LNS
+"""S10 round 4 (pre-registered): LayerNorm Scaling where its paper's setting holds. Rounds 2-3 ran LNS
 with GPT-2's depth-scaled init, which Sun et al. (footnote 1) say removes its benefit, at ~1.8 tokens per
 parameter and 2 seeds, with a Pre-LN baseline whose deep layers were not idle. This round: the plain init
 (model.depth_scaled_init=false, every linear N(0, 0.02)), ~20 tokens per parameter, 5 seeds, Pre-LN vs LNS vs

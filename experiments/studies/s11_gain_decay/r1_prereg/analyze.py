@@ -1,4 +1,4 @@
-"""S11 round 1 (pre-registered, not yet run): weight decay on the norm gains. Common practice (GPT-2's and LLaMA's
+"""S11 round 1 (pre-registered): weight decay on the norm gains. Common practice (GPT-2's and LLaMA's
 training code, and minillm's default module.decay_norms=false) exempts the norm gains and biases from weight decay:
 decay pulls a gain toward 0, shrinking what the normalized input can carry. Zero-centered gains (stored as w - 1,
 Gemma's "1 + w"; minillm's norm_options.zero_centered) make the same decay pull the gain toward 1 instead. Does

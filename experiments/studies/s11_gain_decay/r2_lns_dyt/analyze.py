@@ -1,4 +1,4 @@
-"""S11 round 2 (pre-registered, not yet run): weight decay on the norm parameters of LayerNorm Scaling and of DyT.
+"""S11 round 2 (pre-registered): weight decay on the norm parameters of LayerNorm Scaling and of DyT.
 Round 1 found decay harmless on standard RMSNorm gains (within the 0.02-nat margin) although it shrank them to
 0.62-0.81x. Two norms could depend on those parameters more: LayerNorm Scaling multiplies the input norm of layer
 l by 1/sqrt(l), so decay shrinks what is already scaled down; DyT's tanh(alpha x) has one scalar alpha per site

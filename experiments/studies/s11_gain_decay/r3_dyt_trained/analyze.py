@@ -1,4 +1,4 @@
-"""S11 round 3 (pre-registered, not yet run): weight decay on DyT's alpha, where DyT trains. Round 2's DyT arm ran
+"""S11 round 3 (pre-registered): weight decay on DyT's alpha, where DyT trains. Round 2's DyT arm ran
 round 1's setting (GPT-2's N(0, 0.02) embeddings) and never left the unigram plateau without decay (3.262 nats in
 all 10 runs; S8 round 1 met the same plateau there): it could not say whether decay costs a DyT that learns. S8
 round 2 found the setting where DyT trains: unit-scale embeddings (model.init=xavier), alpha0 0.5. Does decaying

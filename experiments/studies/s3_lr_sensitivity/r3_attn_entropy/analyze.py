@@ -1,4 +1,4 @@
-"""S3 round 3 (pre-registered, not yet run): attention entropy collapse with and without QK-norm in S3's high-lr
+"""S3 round 3 (pre-registered): attention entropy collapse with and without QK-norm in S3's high-lr
 runs. Round 1 saw attention logits past 1e4 without QK-norm and no divergence; Zhai et al. 2023 name the entropy
 collapse of attention (each query's weights on one key) as what large logits do and what destabilizes training,
 and QK-norm as what bounds it. Round 1 did not log the entropy. The rules below are committed before any run; the

@@ -1,4 +1,4 @@
-"""S3 round 4 (pre-registered, not yet run): does the best learning rate transfer across width, and does the norm
+"""S3 round 4 (pre-registered): does the best learning rate transfer across width, and does the norm
 change it? With the standard parametrization and AdamW the best lr falls as the model widens (the premise of muP;
 Everett et al. 2024 report it per parametrization); rounds 1-2 measured sensitivity at one width only. The rules
 below are committed before any run; the data commit cites this one.

@@ -1,4 +1,4 @@
-"""S3 round 5 (pre-registered, not yet run): round 4 with the learning-rate grid extended down to 3e-4.
+"""S3 round 5 (pre-registered): round 4 with the learning-rate grid extended down to 3e-4.
 
 Why: in round 4 the best lr at width 256 was the lowest grid point, 1e-3, in every (width 256, seed) cell, so its
 lr* there is a grid edge (round 4's precondition "the best lr lies inside the grid" mixed) and its slopes are

@@ -1,4 +1,4 @@
-"""S3 round 6 (pre-registered, not yet run): does QK-norm's benefit grow with width? Wortsman et al. 2023 (Fig. 1)
+"""S3 round 6 (pre-registered): does QK-norm's benefit grow with width? Wortsman et al. 2023 (Fig. 1)
 report that without qk-layernorm the final loss grows more sensitive to the learning rate as the model grows,
 while with it the loss-vs-lr curve stays flat. Round 1 measured the benefit at one width (QK-norm lowered the
 sensitivity 2.4-2.6x); rounds 4-5 measured how the best lr moves with width, without QK-norm. This round crosses

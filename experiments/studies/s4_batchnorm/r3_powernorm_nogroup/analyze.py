@@ -1,4 +1,4 @@
-"""S4 round 3 (pre-registered, not yet run): PowerNorm without its group scaling. Round 2 ran PowerNorm as the
+"""S4 round 3 (pre-registered): PowerNorm without its group scaling. Round 2 ran PowerNorm as the
 authors' code does, with a group scaling that first divides each token by its own RMS (a per-token RMS norm). That
 alone has no train/eval mismatch, so round 2's "PowerNorm removes BatchNorm's failure" could not fail and was
 restated as an observation. This round separates the two: PowerNorm's running quadratic mean with and without the

@@ -1,4 +1,4 @@
-"""S4 round 4 (pre-registered, not yet run): PowerNorm as its paper runs it, with gradient clipping, and the arm
+"""S4 round 4 (pre-registered): PowerNorm as its paper runs it, with gradient clipping, and the arm
 that isolates what removes BatchNorm's small-batch failure. Round 3 ran PowerNorm without its group scaling (PN)
 unclipped: it failed at batch 64 too, where BatchNorm trains, and its gradients exploded at both batch sizes (max
 grad norm 1.7e5 to 1.8e19), so no arm isolated a cause. Shen et al. 2020 train with gradient clipping (fairseq's

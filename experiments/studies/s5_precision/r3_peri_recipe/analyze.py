@@ -1,4 +1,4 @@
-"""S5 round 3 (pre-registered, not yet run): Peri-LN in the setting closest to its paper's that this machine runs,
+"""S5 round 3 (pre-registered): Peri-LN in the setting closest to its paper's that this machine runs,
 premise gate first. Rounds 1-2 ran Peri-LN with GPT-2's depth-scaled init, where Pre-LN's stream did not grow
 faster than sqrt(L) (the premise absent), and the previous review asked for Peri-LN's own recipe. Kim et al. 2025
 train Pre-LN and Peri-LN LLaMA-style models (RMSNorm, no biases) with every weight drawn N(0, 0.02), without GPT-2's

@@ -1,4 +1,4 @@
-"""S8 round 3 (pre-registered, not yet run): DyT with unit-scale embeddings, a per-site alpha0 and the budget the
+"""S8 round 3 (pre-registered): DyT with unit-scale embeddings, a per-site alpha0 and the budget the
 claims are about. Round 1 ran DyT where tanh stays linear (GPT-2's N(0, 0.02) embeddings: no input saturates at
 init); round 2's unit-scale embeddings (model.init=xavier) put 5% of the inputs in tanh's bent range at alpha0 0.5
 and brought DyT within +0.079 nats [+0.021, +0.137] of RMSNorm, at 1.8 tokens per parameter and with one alpha0
