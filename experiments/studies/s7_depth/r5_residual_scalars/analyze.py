@@ -29,7 +29,8 @@ minillm.analysis.stats.fisher_p, Holm within each question's two scalars):
     "unresolved".
   N-rezero, N-layerscale (the scalar lets a model without norms train): the same for none+s against none.
 Reported, not tested: each arm's failure rate with its Clopper-Pearson interval and the mean final val loss of its
-runs that trained.
+runs that trained. Beside the rules, added after the data and deciding nothing: verdicts.json,
+minillm.analysis.compare's default verdicts of each scalar against none within each norm.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from experiments.common import precondition as pre
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, rate_ci, table
 from minillm.analysis import stats as st
+from minillm.analysis.compare import compare
 from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import failed_of, final_loss, is_stalled
 
@@ -56,9 +58,13 @@ ARMS = tuple(f"{b}{'' if s == 'none' else '+' + s}" for b in BASES for s in ("no
 QUESTION = {"post": "Z", "none": "N"}
 
 
+def scalar_of(run: dict) -> str:
+    return ((run.get("settings") or {}).get("model") or {}).get("branch_scale") or "none"
+
+
 def arm_of(run: dict) -> str | None:
     base = "none" if run.get("norm") == "none" else "post" if run.get("placement") == "post" else None
-    scalar = ((run.get("settings") or {}).get("model") or {}).get("branch_scale") or "none"
+    scalar = scalar_of(run)
     return None if base is None else base if scalar == "none" else f"{base}+{scalar}"
 
 
@@ -123,12 +129,20 @@ def plot(runs: Runs, out: Path) -> None:
     save(fig, out / "scalars.png")
 
 
+def engine(runs: Runs) -> dict:
+    """verdicts.json (added after the data; decides nothing): minillm.analysis.compare with its default rules,
+    ReZero and LayerScale against no scalar within each norm (failures counted at ln V, Holm over the family)."""
+    mine = [{**r, "branch_scale": scalar_of(r)} for r in runs
+            if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None]
+    return compare(mine, "branch_scale", "none")
+
+
 def _p(p: float | None) -> str:
     return "-" if p is None else f"{p:.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: k == TRAIN_LOSS, analyze, plot, argv)
+    analysis_main(__doc__, HERE, lambda k: k == TRAIN_LOSS, analyze, plot, argv, engine=engine)
 
 
 if __name__ == "__main__":
