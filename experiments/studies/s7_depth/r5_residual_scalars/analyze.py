@@ -68,12 +68,16 @@ def arm_of(run: dict) -> str | None:
     return None if base is None else base if scalar == "none" else f"{base}+{scalar}"
 
 
+def of_this_round(runs: Runs) -> Runs:
+    return Runs(r for r in runs if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None)
+
+
 def failed(run: dict) -> bool:
     return failed_of(run) or is_stalled(run, STALL_MARGIN)
 
 
 def analyze(runs: Runs) -> tuple[dict, str]:
-    runs = Runs(r for r in runs if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None)
+    runs = of_this_round(runs)
     count = {a: (sum(failed(r) for r in runs if arm_of(r) == a), sum(arm_of(r) == a for r in runs)) for a in ARMS}
     gates = {}
     for base in BASES:
@@ -108,7 +112,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
 def plot(runs: Runs, out: Path) -> None:
     """scalars.png (drawn after the rules were committed; it decides nothing): every run's train loss per arm, the
     failed runs red, the unigram loss dashed."""
-    runs = [r for r in runs if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None]
+    runs = of_this_round(runs)
     plt = pyplot()
     fig, axes = plt.subplots(len(BASES), 1 + len(SCALARS), figsize=(12, 6.4), sharex=True, sharey=True)
     for ax, arm in zip(axes.flat, ARMS, strict=True):
@@ -132,9 +136,7 @@ def plot(runs: Runs, out: Path) -> None:
 def engine(runs: Runs) -> dict:
     """verdicts.json (added after the data; decides nothing): minillm.analysis.compare with its default rules,
     ReZero and LayerScale against no scalar within each norm (failures counted at ln V, Holm over the family)."""
-    mine = [{**r, "branch_scale": scalar_of(r)} for r in runs
-            if r.get("n_layers") == DEPTH and r["seed"] in SEEDS and arm_of(r) is not None]
-    return compare(mine, "branch_scale", "none")
+    return compare([{**r, "branch_scale": scalar_of(r)} for r in of_this_round(runs)], "branch_scale", "none")
 
 
 def _p(p: float | None) -> str:
