@@ -13,7 +13,7 @@ from helpers import call_main
 from test_report import report_main
 from test_verdicts import planted_runs, write_sweep
 
-from minillm.analysis.plans import PlanError, parse_plan, record_plan
+from minillm.analysis.plans import DEFAULTS_V2, RULES_VERSION, PlanError, grade, parse_plan, record_plan
 
 
 def plan_main(args: list, capsys) -> tuple[int, str, str]:
@@ -49,7 +49,7 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     assert recorded.tzinfo is not None and abs((datetime.now(timezone.utc) - recorded).total_seconds()) < 60
     assert record["plan"] == {**parse_plan(PLAN), "question": record["plan"]["question"]}
     assert record["plan"]["metric"] == "auto" and record["plan"]["alpha"] == 0.05  # the defaults, recorded
-    assert record["rules_version"] == 2 and record["plan"]["failures"] == "penalize"
+    assert record["rules_version"] == RULES_VERSION == 3 and record["plan"]["failures"] == "penalize"
     assert f"recorded {tmp_path / 'logs' / 's' / 'plan.json'}" in out
     code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
     assert code == 2 and "already holds a plan" in err and "pass --force to replace it" in err
@@ -146,3 +146,18 @@ def test_record_plan_refuses_a_missing_file_and_a_bad_sweep_name(tmp_path):
     with pytest.raises(PlanError, match="--sweep 'a/b' is invalid"):
         record_plan(tmp_path / "plan.yaml", "a/b", tmp_path)
     assert not Path(tmp_path / "a").exists()
+
+
+def test_a_plan_is_graded_by_the_rules_version_it_was_recorded_under(tmp_path):
+    """A plan recorded under rules version 2 (or before versions) keeps its rules when the engine's rules change:
+    grade() returns its version and the frozen defaults of that version for every field its text leaves out."""
+    (tmp_path / "plan.yaml").write_text(PLAN)
+    record = json.loads(record_plan(tmp_path / "plan.yaml", "s", tmp_path / "logs").read_text())
+    assert grade(record, [])[0]["version"] == RULES_VERSION
+    rules, *_ = grade({**record, "rules_version": 2}, [])
+    assert rules["version"] == 2 and {k: rules[k] for k in DEFAULTS_V2 if k not in ("margin", "lr")} == {
+        k: v for k, v in DEFAULTS_V2.items() if k not in ("margin", "lr")}
+    before = {k: v for k, v in record.items() if k != "rules_version"}
+    rules, *_ = grade(before, [])
+    assert (rules["version"], rules["failures"], rules["adjust"], rules["metric"]) == (2, "drop", "none",
+                                                                                      "final_val_loss")

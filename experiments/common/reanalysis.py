@@ -10,12 +10,13 @@ from pathlib import Path
 
 from minillm.analysis import verdict_files as verdict_report
 from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_V2
 
 
 def stability(round_folder: Path, factor: str, baseline: str) -> dict:
-    """The stability verdict (and the loss verdicts) of the round's runs.jsonl, with today's default rules."""
+    """The stability verdict (and the loss verdicts) of the round's runs.jsonl, by the rules of version 2 (frozen)."""
     runs = [json.loads(line) for line in (round_folder / "runs.jsonl").read_text().splitlines() if line]
-    return compare(runs, factor, baseline, stability=True)
+    return compare(runs, factor, baseline, stability=True, **REGISTERED_V2)
 
 
 def main(round_folder: Path, factor: str, baseline: str, argv: list[str] | None = None) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from minillm.analysis.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, CompareError, Rules
+from minillm.analysis.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, VERSION, CompareError, Rules
 from minillm.analysis.runs import label
 from minillm.analysis.strata import matches
 from minillm.errors import ArgumentParser
@@ -49,7 +49,7 @@ from minillm.files import write_json
 PLAN_RULES = ("metric", "higher_is_better", "margin", "alpha", "lr", "lr_choice", "failures", "adjust", "equivalence",
               "paired_by", "interval", "window_error", "stability", "tolerance", "range_margin", "rate_margin")
 DEFAULTS = {name: getattr(Rules(), name) for name in PLAN_RULES}
-RULES_VERSION = 2  # plan.json's rules_version: 2 = failed runs counted, lr held out, adjusted words
+RULES_VERSION = VERSION  # plan.json's rules_version (minillm.analysis.rules.VERSION); none: the rules before 2
 REQUIRED = ("factor", "baseline", "seeds", "expected")
 FIELDS = ("question", *REQUIRED, *DEFAULTS)
 EXPECTED = ("better", "worse", "equivalent")
@@ -126,10 +126,28 @@ def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DE
     return plan
 
 
+# the defaults of rules version 2, frozen: a plan recorded under it is graded by them, whatever today's defaults
+DEFAULTS_V2 = {"metric": "auto", "higher_is_better": False, "margin": 0.02, "alpha": 0.05, "lr": "tuned",
+               "lr_choice": "auto", "failures": "penalize", "adjust": "holm", "equivalence": "tost",
+               "paired_by": "auto", "interval": "t", "window_error": False, "stability": False, "tolerance": 0.1,
+               "range_margin": 0.25, "rate_margin": 0.1}
+
+
 def recorded_defaults(record: Mapping) -> dict[str, Any]:
-    """The defaults a recorded plan is graded with: today's for a plan of this rules version, else the rules of the
-    time before versions (REGISTERED_BEFORE) over today's."""
-    return DEFAULTS if record.get("rules_version") == RULES_VERSION else {**DEFAULTS, **REGISTERED_BEFORE}
+    """The defaults a recorded plan is graded with: those of the rules version it was recorded under (before
+    versions: REGISTERED_BEFORE over version 2's)."""
+    version = record.get("rules_version")
+    if version == RULES_VERSION:
+        return DEFAULTS
+    if version == 2:
+        return DEFAULTS_V2
+    return {**DEFAULTS_V2, **{k: v for k, v in REGISTERED_BEFORE.items() if k in DEFAULTS_V2}}
+
+
+def recorded_version(record: Mapping) -> int:
+    """The rules version a recorded plan is graded by: the one it was recorded under (2 before versions)."""
+    version = record.get("rules_version")
+    return version if isinstance(version, int) else 2
 
 
 def _sha256(data: bytes | str) -> str:
@@ -219,7 +237,8 @@ def grade(record: Mapping, records: Sequence[Mapping], path: str | Path = "plan.
             "unplanned_runs": sorted(str(r.get("run_dir")) for r in records if r.get("seed") not in plan["seeds"])}
     info["all_runs_after_plan"] = not info["runs_before_plan"] and not info["runs_without_start_time"]
     kept = [r for r in records if r.get("seed") in plan["seeds"]]
-    return {k: plan[k] for k in RULES}, kept, (lambda r: BEFORE if before(r) else None), info
+    rules = {**{k: plan[k] for k in RULES}, "version": recorded_version(record)}
+    return rules, kept, (lambda r: BEFORE if before(r) else None), info
 
 
 def apply(result: dict, info: Mapping) -> dict:

@@ -22,6 +22,8 @@ ADJUSTS = ("holm", "none")
 EQUIVALENCE = ("tost", "interval")
 PAIRED_BY = ("auto", "seed", "none")
 INTERVALS = ("t", "bootstrap")
+VERSION = 3  # the engine's current rules; 2: the rules of 2026-11-28 to 2026-12-01 (studies registered then pin them)
+VERSIONS = (2, 3)
 
 
 class CompareError(ValueError):
@@ -55,6 +57,7 @@ class Rules:
     tolerance: float = 0.1  # nats above an arm's best loss that still count as trainable (the lr range)
     range_margin: float = 0.25  # equivalence margin of the trainable lr range, in decades
     rate_margin: float = 0.1  # equivalence margin of the failure rate over the grid
+    version: int = VERSION  # which rules decide: VERSION today; 2 for the studies registered under the rules before
 
     def with_(self, **changes: Any) -> Rules:
         return replace(self, **changes)
@@ -74,6 +77,9 @@ class Rules:
             raise CompareError("--alpha", f"{self.alpha} is invalid; allowed: a number in (0, 1)")
         if self.lr not in LR_RULES and not (is_number(self.lr) and self.lr > 0):
             raise CompareError("--lr", f"{self.lr} is invalid; allowed: tuned, common or a learning rate > 0")
+        if self.version not in VERSIONS:
+            raise CompareError("--rules-version", f"{self.version} is invalid; allowed: "
+                               f"{', '.join(map(str, VERSIONS))}")
         for name, allowed in (("lr_choice", LR_CHOICES), ("failures", FAILURES), ("adjust", ADJUSTS),
                               ("equivalence", EQUIVALENCE), ("paired_by", PAIRED_BY), ("interval", INTERVALS)):
             if getattr(self, name) not in allowed:
@@ -86,13 +92,16 @@ OPTIONS = {"factor": "--compare", "baseline": "--baseline", "metric": "--metric"
            "adjust": "--no-adjust", "equivalence": "--equivalence", "paired_by": "--paired-by",
            "interval": "--interval", "higher_is_better": "--higher-is-better", "window_error": "--window-error",
            "stability": "--stability", "tolerance": "--tolerance", "range_margin": "--range-margin",
-           "rate_margin": "--rate-margin"}
+           "rate_margin": "--rate-margin", "version": "--rules-version"}
 RULE_NAMES = tuple(f.name for f in fields(Rules))
 # The rules minillm's comparisons used before 2026-11-28 (the studies registered then pin them, so their committed
 # verdicts regenerate): the final val loss, failed runs left out, the lr chosen on the seeds that judge it, words
 # from the unadjusted (1 - alpha) interval.
 REGISTERED_BEFORE = {"metric": schema.FINAL_VAL_LOSS, "lr_choice": "same", "failures": "drop", "adjust": "none",
-                     "equivalence": "interval"}
+                     "equivalence": "interval", "version": 2}
+# The rules of 2026-11-28 to 2026-12-01 (failed runs counted, adjusted words, the lr chosen on validation): the
+# studies registered then pin them, so their committed verdicts regenerate.
+REGISTERED_V2 = {"version": 2}
 
 
 # --- the number a run enters a comparison with ---------------------------------------------------------------

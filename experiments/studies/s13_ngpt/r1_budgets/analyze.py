@@ -53,6 +53,7 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_V2
 from minillm.analysis.runs import find_runs
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import loss_for_comparison
@@ -149,7 +150,7 @@ def steps_to_target(judged: Runs, base: dict[int, float]) -> dict[int, int | Non
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.analysis.compare with its default rules, each nGPT budget against the baseline."""
     judged = [{**r, "arm": f"{arm(r)}@{r['max_steps']}"} for r in _ours(runs) if r["seed"] in SEEDS]
-    return compare(judged, "arm", f"baseline@{STEPS}")
+    return compare(judged, "arm", f"baseline@{STEPS}", **REGISTERED_V2)
 
 
 def plot(runs: Runs, out: Path) -> None:

@@ -43,6 +43,7 @@ from experiments.common import prereg
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
 from minillm.analysis.report import lr_sensitivity
+from minillm.analysis.rules import REGISTERED_V2
 from minillm.outcome import loss_for_comparison
 
 HERE = Path(__file__).parent
@@ -122,7 +123,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
 def engine(runs: Runs) -> dict:
     """verdicts.json: every form against per-head QK-norm at its tuned lr, with the stability verdict."""
     records = [{**{k: v for k, v in r.items() if k != "curves"}, "arm": arm_of(r)} for r in _ours(runs)]
-    return compare(records, "arm", "head", metric="final_val_loss", lr="tuned", stability=True)
+    return compare(records, "arm", "head", metric="final_val_loss", lr="tuned", stability=True, **REGISTERED_V2)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

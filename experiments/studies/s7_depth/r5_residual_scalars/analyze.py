@@ -43,6 +43,7 @@ from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, rate_ci, table
 from minillm.analysis import stats as st
 from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_V2
 from minillm.metrics import TRAIN_LOSS
 from minillm.outcome import failed_of, final_loss, is_stalled
 
@@ -136,7 +137,8 @@ def plot(runs: Runs, out: Path) -> None:
 def engine(runs: Runs) -> dict:
     """verdicts.json (added after the data; decides nothing): minillm.analysis.compare with its default rules,
     ReZero and LayerScale against no scalar within each norm (failures counted at ln V, Holm over the family)."""
-    return compare([{**r, "branch_scale": scalar_of(r)} for r in of_this_round(runs)], "branch_scale", "none")
+    return compare([{**r, "branch_scale": scalar_of(r)} for r in of_this_round(runs)], "branch_scale", "none",
+                   **REGISTERED_V2)
 
 
 def _p(p: float | None) -> str:

@@ -48,6 +48,7 @@ from experiments.common.machine import machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
+from minillm.analysis.rules import REGISTERED_V2
 from minillm.metrics import VAL_LOSS
 from minillm.outcome import final_loss
 
@@ -105,7 +106,8 @@ def _gap(arm_: dict[int, float], base: dict[int, float]) -> list[str]:
 
 def engine(runs: Runs) -> dict:
     """verdicts.json: minillm.analysis.compare with its default rules, every arm against RMSNorm."""
-    return compare([{**r, "arm": arm(r)} for r in runs if "derf" in (r.get("tags") or [])], "arm", "rmsnorm")
+    return compare([{**r, "arm": arm(r)} for r in runs if "derf" in (r.get("tags") or [])], "arm", "rmsnorm",
+                   **REGISTERED_V2)
 
 
 def plot(runs: Runs, out: Path) -> None:
