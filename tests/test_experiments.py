@@ -22,7 +22,7 @@ import torch
 import experiments
 from experiments import index
 from experiments.common import claims, layout, reference
-from experiments.common.machine import machine, run_kernels
+from experiments.common.machine import machine, run_kernels, runs_machine
 
 ROOT, EXPERIMENTS, STUDIES, BENCHMARKS = layout.ROOT, layout.EXPERIMENTS, layout.STUDIES, layout.BENCHMARKS
 ANALYSES = layout.analyses()  # every round that re-analyzes committed runs, found on disk
@@ -277,19 +277,28 @@ def test_experiments_cite_only_what_the_repository_holds():
     assert not [p for p in DOCUMENTS if EXPERIMENTS in p.parents and "\n\n\n" in p.read_text()]
 
 
-def _normalized(path: Path, committed_machine: str | None) -> str:
-    """A written result with this machine's description replaced by the committed one's (where it names one: the
-    rounds pre-registered with prereg.py leave the machine to their runs' records)."""
-    text = path.read_text()
-    return text.replace(machine(), committed_machine) if committed_machine else text
-
-
 def _same_as_committed(committed: Path, out: Path) -> None:
-    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the round commits them."""
-    committed_machine = json.loads((committed / "results.json").read_text()).get("machine")
+    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the round commits them, byte
+    for byte: an analysis names the machine its runs recorded, not the one it is re-run on."""
     names = ["results.json", "results.md", *(n for n in ("verdicts.json", "verdicts.md") if (committed / n).exists())]
     for name in names:
-        assert _normalized(out / name, committed_machine) == (committed / name).read_text(), committed / name
+        assert (out / name).read_text() == (committed / name).read_text(), committed / name
+
+
+def test_analyses_name_the_machine_their_runs_recorded():
+    """No analysis describes the computer it runs on (machine()): its Machine line and results.json's "machine" are
+    the runs' own records (machine.runs_machine), the same wherever the analysis is re-run."""
+    import ast
+
+    trees = {str(a.relative_to(STUDIES)): ast.parse((a / "analyze.py").read_text()) for a in ANALYSES}
+    calls = [name for name, tree in trees.items() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "machine"]
+    assert not calls
+    named = {str(a.relative_to(STUDIES)): json.loads((a / "results.json").read_text()).get("machine") for a in ANALYSES}
+    assert [m for m in named.values() if m] and not [a for a, m in named.items() if m and
+                                                       not m.startswith("the runs' records, ")]
+    assert runs_machine([{"cpu_capability": "AVX2", "torch_version": "2.13.0+cpu"}] * 3) == (
+        "the runs' records, AVX2 kernels, torch 2.13.0+cpu: 3 runs")
 
 
 def _smallest(n: int) -> list[Path]:
