@@ -194,7 +194,8 @@ def _claim(name: str, written: str) -> dict:
 def test_a_number_attached_to_the_wrong_claim_is_rejected(tmp_path):
     """The check of the test above, on a made-up round: its finding as written passes; two intervals swapped in the
     text, or in the text and the claims, a key naming the other claim's number, a range over seeds read off the wrong
-    keys, an interval no claim holds, or a round that ran called not yet run: each is found."""
+    keys, an interval no claim holds, or a round that ran called not yet run: each is found, in the finding as in a
+    headline (a correct headline does not cover a swap in the finding)."""
     good = {"question": "q?", "finding": "P2 +0.109 nats [+0.088, +0.130]; P1 ratio 1.456 [0.873, 2.429]; "
                                          "reached at step 300-400",
             "claims": [_claim("P2", "+0.109 nats [+0.088, +0.130]"), _claim("P1", "1.456 [0.873, 2.429]"),
@@ -208,9 +209,13 @@ def test_a_number_attached_to_the_wrong_claim_is_rejected(tmp_path):
     wrong_key = {**good, "claims": [_claim("P1", "+0.109 nats [+0.088, +0.130]"), *good["claims"][1:]]}
     wrong_range = {**good, "claims": [*good["claims"][:2], {**good["claims"][2], "estimate": [
         "results.json:steps/1", "results.json:steps/0"]}]}
+    swapped_beside_a_headline = {**swapped_text, "headline": {"group": "shown", "text": good["finding"]}}
     no_claim = {**good, "finding": good["finding"] + "; P3 +0.02 [+0.01, +0.03]"}
     not_run = {**good, "finding": "**pre-registered, not yet run** " + good["finding"]}
-    for name, bad in [("swapped_text", swapped_text), ("swapped_both", swapped_both), ("wrong_key", wrong_key),
+    assert claims.problems(_made_up_round(tmp_path / "headline", {**good, "headline": {
+        "group": "shown", "text": good["finding"]}})) == []
+    for name, bad in [("swapped_text", swapped_text), ("swapped_beside_a_headline", swapped_beside_a_headline),
+                      ("swapped_both", swapped_both), ("wrong_key", wrong_key),
                       ("wrong_range", wrong_range), ("no_claim", no_claim), ("not_run", not_run)]:
         assert claims.problems(_made_up_round(tmp_path / name, bad)), name
 

@@ -17,8 +17,8 @@ verdicts.json, ...; the path's parts split at ``/``, list items by index, a key 
 ``#n`` after a path to a text, such as a verdict's, names the n-th number it writes) or ``headlines:<label>/<i>``
 (the i-th value of experiments.studies.headlines' numbers for the round: its scale and labelled re-analyses).
 A number attached to the wrong claim fails: swapped in the text, the claim's ``written`` is no longer there;
-swapped in the claims too, its numbers are no longer its keys'. Every interval a finding with claims writes must
-be one of them.
+swapped in the claims too, its numbers are no longer its keys'. Every interval a finding with claims writes, in
+each of its texts (the finding, each headline), must lie inside one of them written there.
 """
 
 from __future__ import annotations
@@ -148,10 +148,13 @@ def claim_problems(folder: Path, finding: dict) -> list[str]:
                 continue
             if not reads_as(m, source):
                 problems.append(f"{name}: {m[0]} is not {key} ({source:.6g})")
-    if finding.get("claims"):
-        written = [c.get("written", "") for c in finding["claims"]]
-        problems += [f"the interval {iv} is in no claim" for iv in dict.fromkeys(_INTERVAL.findall(said))
-                     if not any(iv in w for w in written)]
+    if finding.get("claims"):  # each text on its own: every interval it writes sits inside a claim's written there
+        written = [c["written"] for c in finding["claims"] if c.get("written")]
+        for text in texts(finding):
+            spans = [(m.start(), m.end()) for w in written for m in re.finditer(re.escape(w), text)]
+            problems += [f"the interval {iv[0]} in {text[:40]!r}... is in no claim written there"
+                         for iv in _INTERVAL.finditer(text)
+                         if not any(a <= iv.start() and iv.end() <= b for a, b in spans)]
     return problems
 
 
