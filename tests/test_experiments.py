@@ -21,8 +21,8 @@ import torch
 
 import experiments
 from experiments import index
-from experiments.common import layout, reference
-from experiments.common.machine import machine, run_kernels
+from experiments.common import claims, layout, reference
+from experiments.common.machine import machine, run_kernels, runs_machine
 
 ROOT, EXPERIMENTS, STUDIES, BENCHMARKS = layout.ROOT, layout.EXPERIMENTS, layout.STUDIES, layout.BENCHMARKS
 ANALYSES = layout.analyses()  # every round that re-analyzes committed runs, found on disk
@@ -54,7 +54,8 @@ def test_experiments_is_a_package_of_studies_and_benchmarks():
     assert folders(BENCHMARKS) == {b.name for b in layout.benchmarks()}
     for folder in [*(r for s in studies for r in layout.rounds(s)), *layout.benchmarks()]:
         finding = json.loads((folder / "finding.json").read_text())
-        assert set(finding) == {"question", "finding"} and all(finding.values()), folder
+        assert claims.KEYS <= set(finding) <= claims.KEYS | claims.OPTIONAL, folder
+        assert all(finding[k] for k in claims.KEYS), folder
 
 
 def test_discovery_finds_a_study_added_later(tmp_path):
@@ -99,41 +100,9 @@ def test_index_in_the_readme_is_the_generated_one():
     assert index.update(readme) == readme
 
 
-# A headline's numbers: what a finding.json's question and finding (and so the index line built from them) write as
-# a number, with the digits written. Not numbers: a citation's year, a theorem or figure, OLMo 2, a reference to
-# another round, a commit, "95% CI"; nor digits inside a name (S7, fp16, GPT-2, r1_grid, E2). A range's tail is both
-# ends': 1.4-1.6e-2, 44-70%, 0.62-0.81x.
-_NOT_NUMBERS = re.compile("|".join((
-    r"(?:et al\.|& [A-Z][\w-]*)\s+(?:19|20)\d\d", r"\barXiv \S+", r"\b(?:Thm|Theorem|Fig\.|Figure|footnote)\s+\d+",
-    r"\bOLMo \d+", r"\b[Rr]ounds? \d+(?:\s*[-–]\s*\d+)?", r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b",
-    r"\b95% (?:CI|interval)")))
-_RANGE = re.compile(r"(\d[\d.]*)\s*[-–]\s*(\d[\d.]*)(e[-−+]?\d+|%|x|M)")
-_NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z][-−])([-−+](?=\d))?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([-−+]?\d+))?"
-                     r"(%|x|M|k)?(?![\w.]\d|\w)")
-_SCALE = {"%": 100.0, "M": 1e-6, "k": 1e-3}  # a source number s reads as s * this in a number written with the unit
-
-
-def _written_numbers(text: str) -> list[re.Match]:
-    text = _RANGE.sub(lambda m: f"{m[1]}{m[3]} {m[2]}{m[3]}", _NOT_NUMBERS.sub(" ", text))
-    return list(_NUMBER.finditer(text))
-
-
-def _value(m: re.Match) -> float:
-    sign, whole, frac, exp = m[1] or "", m[2].replace(",", ""), m[3] or "", (m[4] or "").replace("−", "-")
-    return float(f"{sign.replace('−', '-')}{whole}{frac}" + (f"e{exp}" if exp else ""))
-
-
-def _rounds_to(m: re.Match, source: float) -> bool:
-    """Whether ``source``, rounded as the number ``m`` is written (its decimals; its significant digits when it has an
-    exponent or ends in zeros), is that number; unsigned when it is written without a sign."""
-    written = _value(m)
-    if not m[1]:
-        written, source = abs(written), abs(source)
-    whole, frac = m[2].replace(",", ""), (m[3] or "")[1:]
-    if m[4] is not None or (not frac and whole != "0" and whole.endswith("0")):
-        digits = max(1, len((whole + frac).lstrip("0")) if m[4] is not None else len(whole.rstrip("0")))
-        return source != 0 and math.isclose(float(f"{source:.{digits - 1}e}"), written, rel_tol=1e-9)
-    return math.isclose(round(source, len(frac)), written, rel_tol=1e-9, abs_tol=1e-12)
+# A headline's numbers: what experiments.common.claims reads as a number in a finding's text (its question, finding
+# and headline), with the digits written.
+_written_numbers, _value, _rounds_to, _SCALE = claims.written_numbers, claims.value, claims.rounds_to, claims.SCALE
 
 
 def _numbers_of(data) -> list[float]:
@@ -166,12 +135,12 @@ def _unfounded(text: str, numbers: list[float]) -> list[str]:
 
 
 def test_every_headline_number_is_in_its_round_results():
-    """Each round's finding.json (its question and finding: the index line) writes only numbers its round's result
+    """Each round's finding.json (its question, finding and headline: the index line and the README's headline) writes
+    only numbers its round's result
     files hold or experiments.studies.headlines computes from the committed runs (scale, labelled re-analyses)."""
     unfounded = {}
     for folder in [r for s in layout.studies() for r in layout.rounds(s)]:
-        said = index.finding(folder)
-        if missing := _unfounded(f"{said['question']} {said['finding']}", _result_numbers(folder)):
+        if missing := _unfounded(" ".join(claims.texts(index.finding(folder))), _result_numbers(folder)):
             unfounded[str(folder.relative_to(STUDIES))] = missing
     assert not unfounded, "\n".join(f"{name}: {', '.join(missing)}" for name, missing in unfounded.items())
 
@@ -187,6 +156,79 @@ def test_a_headline_number_no_result_holds_is_found(tmp_path):
     assert _unfounded(held, numbers) == []
     for typo in ("+0.077 nats", "[+0.070, +0.084]", "-0.076", "45-70%", "2e5", "0.42x", "0.35M", "0.0763 and 3.5"):
         assert _unfounded(typo, numbers), typo
+
+
+def test_every_finding_holds_its_claims():
+    """Each finding.json's claims are its numbers' result keys: every claim's text is in the finding, its estimate and
+    interval are the numbers its keys hold, every interval the finding writes is a claim's, and a round whose runs
+    are committed is not called not yet run."""
+    folders = [*(r for s in layout.studies() for r in layout.rounds(s)), *layout.benchmarks()]
+    wrong = {str(f.relative_to(EXPERIMENTS)): found for f in folders if (found := claims.problems(f))}
+    assert not wrong, "\n".join(f"{name}: {'; '.join(found)}" for name, found in wrong.items())
+
+
+def test_every_headline_and_restated_round_has_structured_claims():
+    """A finding that the README's headlines quote, or that re-reads its round, ties its numbers to result keys."""
+    bare = [str(r.relative_to(STUDIES)) for s in layout.studies() for r in layout.rounds(s)
+            if ({"headline", "re_reading"} & set(f := index.finding(r))) and not f.get("claims")]
+    assert not bare
+
+
+def _made_up_round(tmp_path: Path, finding: dict) -> Path:
+    folder = tmp_path / "r1_made_up"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"holm": {"parts": {
+        "P1": {"mean": 1.4562, "ci_low": 0.8731, "ci_high": 2.4288},
+        "P2": {"mean": 0.1091, "ci_low": 0.0882, "ci_high": 0.1303}}}, "steps": {"0": 300, "1": 400}}))
+    (folder / "runs.jsonl").write_text("{}\n")
+    (folder / "finding.json").write_text(json.dumps(finding))
+    return folder
+
+
+def _claim(name: str, written: str) -> dict:
+    key = f"results.json:holm/parts/{name}/"
+    return {"claim": name, "units": "nats", "written": written, "estimate": key + "mean",
+            "interval": [key + "ci_low", key + "ci_high"]}
+
+
+def test_a_number_attached_to_the_wrong_claim_is_rejected(tmp_path):
+    """The check of the test above, on a made-up round: its finding as written passes; two intervals swapped in the
+    text, or in the text and the claims, a key naming the other claim's number, a range over seeds read off the wrong
+    keys, an interval no claim holds, or a round that ran called not yet run: each is found, in the finding as in a
+    headline (a correct headline does not cover a swap in the finding)."""
+    good = {"question": "q?", "finding": "P2 +0.109 nats [+0.088, +0.130]; P1 ratio 1.456 [0.873, 2.429]; "
+                                         "reached at step 300-400",
+            "claims": [_claim("P2", "+0.109 nats [+0.088, +0.130]"), _claim("P1", "1.456 [0.873, 2.429]"),
+                       {"claim": "steps", "units": "steps", "written": "step 300-400", "interval": None,
+                        "estimate": ["results.json:steps/0", "results.json:steps/1"]}]}
+    assert claims.problems(_made_up_round(tmp_path / "good", good)) == []
+    swapped_text = {**good, "finding": "P2 +0.109 nats [0.873, 2.429]; P1 ratio 1.456 [+0.088, +0.130]; "
+                                       "reached at step 300-400"}
+    swapped_both = {**swapped_text, "claims": [_claim("P2", "+0.109 nats [0.873, 2.429]"),
+                                               _claim("P1", "1.456 [+0.088, +0.130]"), good["claims"][2]]}
+    wrong_key = {**good, "claims": [_claim("P1", "+0.109 nats [+0.088, +0.130]"), *good["claims"][1:]]}
+    wrong_range = {**good, "claims": [*good["claims"][:2], {**good["claims"][2], "estimate": [
+        "results.json:steps/1", "results.json:steps/0"]}]}
+    swapped_beside_a_headline = {**swapped_text, "headline": {"group": "shown", "text": good["finding"]}}
+    no_claim = {**good, "finding": good["finding"] + "; P3 +0.02 [+0.01, +0.03]"}
+    not_run = {**good, "finding": "**pre-registered, not yet run** " + good["finding"]}
+    assert claims.problems(_made_up_round(tmp_path / "headline", {**good, "headline": {
+        "group": "shown", "text": good["finding"]}})) == []
+    for name, bad in [("swapped_text", swapped_text), ("swapped_beside_a_headline", swapped_beside_a_headline),
+                      ("swapped_both", swapped_both), ("wrong_key", wrong_key),
+                      ("wrong_range", wrong_range), ("no_claim", no_claim), ("not_run", not_run)]:
+        assert claims.problems(_made_up_round(tmp_path / name, bad)), name
+
+
+def test_headlines_in_the_readme_are_the_generated_ones():
+    """experiments/README.md's headlines are what python -m experiments.index writes from the findings: each
+    round's headline in its group, the re-readings and observations by name, and the rounds not yet run exactly
+    those whose finding says so (none of them with committed runs)."""
+    readme = (EXPERIMENTS / "README.md").read_text()
+    assert index.current_headlines(readme) == index.headlines(), "run: python -m experiments.index"
+    waiting = [line for line in index.headlines().split("\n- ") if line.lstrip("- ").startswith(index.NOT_RUN_WORDS)]
+    ran = {index.round_name(r) for r in ANALYSES}
+    assert not [name for line in waiting for name in ran if re.search(rf"\b{name}\b", line)]
 
 
 def test_documented_commands_name_modules_that_exist():
@@ -240,19 +282,28 @@ def test_experiments_cite_only_what_the_repository_holds():
     assert not [p for p in DOCUMENTS if EXPERIMENTS in p.parents and "\n\n\n" in p.read_text()]
 
 
-def _normalized(path: Path, committed_machine: str | None) -> str:
-    """A written result with this machine's description replaced by the committed one's (where it names one: the
-    rounds pre-registered with prereg.py leave the machine to their runs' records)."""
-    text = path.read_text()
-    return text.replace(machine(), committed_machine) if committed_machine else text
-
-
 def _same_as_committed(committed: Path, out: Path) -> None:
-    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the round commits them."""
-    committed_machine = json.loads((committed / "results.json").read_text()).get("machine")
+    """results.json and results.md, and the engine's verdicts.json / verdicts.md where the round commits them, byte
+    for byte: an analysis names the machine its runs recorded, not the one it is re-run on."""
     names = ["results.json", "results.md", *(n for n in ("verdicts.json", "verdicts.md") if (committed / n).exists())]
     for name in names:
-        assert _normalized(out / name, committed_machine) == (committed / name).read_text(), committed / name
+        assert (out / name).read_text() == (committed / name).read_text(), committed / name
+
+
+def test_analyses_name_the_machine_their_runs_recorded():
+    """No analysis describes the computer it runs on (machine()): its Machine line and results.json's "machine" are
+    the runs' own records (machine.runs_machine), the same wherever the analysis is re-run."""
+    import ast
+
+    trees = {str(a.relative_to(STUDIES)): ast.parse((a / "analyze.py").read_text()) for a in ANALYSES}
+    calls = [name for name, tree in trees.items() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "machine"]
+    assert not calls
+    named = {str(a.relative_to(STUDIES)): json.loads((a / "results.json").read_text()).get("machine") for a in ANALYSES}
+    assert [m for m in named.values() if m] and not [a for a, m in named.items() if m and
+                                                       not m.startswith("the runs' records, ")]
+    assert runs_machine([{"cpu_capability": "AVX2", "torch_version": "2.13.0+cpu"}] * 3) == (
+        "the runs' records, AVX2 kernels, torch 2.13.0+cpu: 3 runs")
 
 
 def _smallest(n: int) -> list[Path]:

@@ -1,11 +1,17 @@
-"""The machine a result was produced on, in one line: what every committed result names."""
+"""The machine a result was produced on, in one line: what every committed result names.
+
+A round's analysis names the machine its runs ran on, as the runs recorded it (``runs_machine``: the CPU kernels
+and torch version each summary.json holds), never the one the analysis happens to run on, so its results come back
+the same wherever they are regenerated; ``machine()`` describes this computer, for what is measured here (the
+benchmarks, S1's gradients at init, S6's timings, S5's fp16 overflow probe).
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -56,6 +62,13 @@ def run_kernels(runs: list[dict]) -> str:
         key = f"{r.get('cpu_capability') or 'unrecorded'} kernels, torch {r.get('torch_version') or 'unrecorded'}"
         counts[key] = counts.get(key, 0) + 1
     return "; ".join(f"{k}: {n} runs" for k, n in sorted(counts.items()))
+
+
+def runs_machine(runs: Iterable[dict]) -> str:
+    """The machine an analysis's runs ran on, from their own records, e.g. "the runs' records, AVX2 kernels, torch
+    2.13.0+cpu: 44 runs" (the runs record no CPU model or core count; older ones record no kernels either, and the
+    line says so)."""
+    return f"the runs' records, {run_kernels(list(runs))}"
 
 
 def environment(run: dict) -> str:

@@ -184,6 +184,36 @@ def _s3_r5(folder: Path) -> Numbers:
     return {"slope of a best lr that falls as 1/width (decades per doubling)": [-math.log10(2)]}
 
 
+def _s3_r6(folder: Path) -> Numbers:
+    """How far the seed-mean loss rises from its best lr to the grid's top lr, per width, without and with QK-norm
+    (the curve the README's figure draws)."""
+    from minillm.outcome import loss_for_comparison
+
+    runs, out = _runs(folder), {}
+    for qk in ("none", "layernorm"):
+        rises = []
+        for width in sorted({r["dim"] for r in runs}):
+            mine = [r for r in runs if r["dim"] == width and r["qk_norm"] == qk]
+            mean = {lr: statistics.fmean(loss_for_comparison(r) for r in mine if r["lr"] == lr)
+                    for lr in sorted({r["lr"] for r in mine})}
+            rises.append(mean[max(mean)] - min(mean.values()))
+        out[f"loss rise from the best lr to the top lr, seed means, per width, qk_norm={qk}"] = rises
+    res = _results(folder)
+    for qk in ("none", "layernorm"):  # results.md's seed means, as numbers a claim can name
+        out[f"lr sensitivity, seed mean, per width, qk_norm={qk}"] = [
+            statistics.fmean(res["sensitivity"][f"{w}/{qk}"].values()) for w in sorted({r["dim"] for r in runs})]
+        out[f"best lr's slope, seed mean, qk_norm={qk}"] = [statistics.fmean(res["lr_slopes"][qk].values())]
+    return out
+
+
+def _s3_r7(folder: Path) -> Numbers:
+    """The flattened form's max attention logit over the per-head one's, and the heads the runs split width into."""
+    runs, logit = _runs(folder), _results(folder)["max_attn_logit"]
+    return {"max attention logit, flattened / per head": [logit["flat"] / logit["head"]],
+            "heads": sorted({float(r["n_heads"]) for r in runs}),
+            "head dim": sorted({float(r["dim"] // r["n_heads"]) for r in runs})}
+
+
 def _s4_r3(folder: Path) -> Numbers:
     runs = _runs(folder)
 
@@ -197,6 +227,52 @@ def _s4_r3(folder: Path) -> Numbers:
     out["most steps with a non-finite gradient in a run"] = [float(max(r["nonfinite_grad_steps"] for r in runs))]
     out["runs with gradient clipping"] = [float(sum(r["grad_clip"] is not None for r in runs))]
     return out
+
+
+def _s4_r4(folder: Path) -> Numbers:
+    """Each cell's seed-mean val loss over its runs that did not diverge (results.md's table), and the options every
+    PowerNorm run recorded: its statistics per position or pooled, its groups."""
+    out: Numbers = {}
+    for cell in _results(folder)["cells"]:
+        finite = [v for v in cell["val"].values() if v is not None and math.isfinite(v)]
+        out[f"seed-mean val loss of the runs not diverged, {cell['norm']} at batch {cell['batch']}"] = [
+            statistics.fmean(finite)]
+    powernorm = [r["norm_options"] for r in _runs(folder) if r["norm"] == "powernorm"]
+    out["PowerNorm runs with per-position statistics"] = [float(sum(o["stats"] == "position" for o in powernorm))]
+    out["PowerNorm runs"] = [float(len(powernorm))]
+    out["group_scaling of the runs with it"] = sorted({float(o["group_scaling"]) for o in powernorm
+                                                       if o["group_scaling"]})
+    return out
+
+
+def _s5_r3(folder: Path) -> Numbers:
+    """S10 round 4's steps (the budget where Pre-LN's stream outgrew sqrt(L) in the same model) over this round's."""
+    theirs = {r["steps"] for r in _runs(STUDIES / "s10_mixln" / "r4_lns_budget")}
+    mine = {r["steps"] for r in _runs(folder)}
+    return {"S10 round 4's steps / this round's": [max(theirs) / max(mine)]}
+
+
+def _rates(counts: dict[str, tuple[int, int]]) -> Numbers:
+    """Each arm's failures of n with minillm.analysis.stats' Clopper-Pearson interval (results.md writes it)."""
+    from minillm.analysis.stats import exact_ci
+
+    return {f"failed of n, {arm}, with its 95% interval": [float(k), float(n), *exact_ci(k, n)]
+            for arm, (k, n) in counts.items()}
+
+
+def _s7_r3(folder: Path) -> Numbers:
+    """The stall counts results.json writes as text ("4/10 [0.12, 0.74]"), as numbers."""
+    return _rates({f"warmup {row[0]}": tuple(int(x) for x in row[1].split(" ")[0].split("/"))
+                   for row in _results(folder)["rows"]})
+
+
+def _s7_r5(folder: Path) -> Numbers:
+    return _rates({arm: tuple(kn) for arm, kn in _results(folder)["failed"].items()})
+
+
+def _s8_r4(folder: Path) -> Numbers:
+    """The embedding scale's start, sqrt(width), on unit-scale (Xavier) embeddings: their RMS at init."""
+    return {"embedding RMS at init with the embedding scale": sorted({math.sqrt(r["dim"]) for r in _runs(folder)})}
 
 
 def _s9_r1(folder: Path) -> Numbers:
@@ -226,11 +302,36 @@ def _s11_r3(folder: Path) -> Numbers:
         for lr in ("0.003", "0.01")}
 
 
+def _s12_r1(folder: Path) -> Numbers:
+    """The standard arm's seeds whose slope is negative, its seeds at the grid's low edge at width 128, and muP's best
+    loss over standard's at the widths above the base."""
+    res = _results(folder)
+    slopes = res["lr_slopes"]["standard"].values()
+    best = res["best_log10_lr"]
+    lowest = math.log10(min(r["lr"] for r in _runs(folder)))
+    return {"standard slope negative, seeds": [float(sum(v < 0 for v in slopes))],
+            "standard seeds at the grid's lowest lr, width 128": [
+                float(sum(v == lowest for k, v in best.items() if k.startswith("standard/128/")))],
+            "muP - standard best loss on the grid, widths 64 and 128": [
+                res["best_loss"][f"mup/{w}"] - res["best_loss"][f"standard/{w}"] for w in (64, 128)]}
+
+
+def _s13_r1(folder: Path) -> Numbers:
+    """nGPT's speed-up per judged seed: the 400 steps of the baseline over the first validated step of nGPT's own
+    400-step run at or below the baseline's final loss (a lower bound: that run's schedule had not yet annealed)."""
+    reached = _results(folder)["steps_to_target"]
+    return {"nGPT's steps-to-target speed-up per seed (400 / step reached)": [400 / v for v in reached.values()]}
+
+
 REANALYSES: dict[str, Callable[[Path], Numbers]] = {
     "s0_textbook_claims/r1_claims": _s0_table_ratio, "s3_lr_sensitivity/r1_grid": _s3_r1,
     "s3_lr_sensitivity/r3_attn_entropy": _s3_r3, "s3_lr_sensitivity/r5_width_low_lr": _s3_r5,
-    "s4_batchnorm/r3_powernorm_nogroup": _s4_r3, "s9_scalenorm/r1_grid": _s9_r1,
-    "s11_gain_decay/r3_dyt_trained": _s11_r3}
+    "s3_lr_sensitivity/r6_qk_width": _s3_r6, "s3_lr_sensitivity/r7_qk_forms": _s3_r7,
+    "s4_batchnorm/r3_powernorm_nogroup": _s4_r3, "s4_batchnorm/r4_powernorm_paper": _s4_r4,
+    "s5_precision/r3_peri_recipe": _s5_r3, "s7_depth/r3_warmup": _s7_r3, "s7_depth/r5_residual_scalars": _s7_r5,
+    "s8_dyt/r4_derf": _s8_r4,
+    "s9_scalenorm/r1_grid": _s9_r1, "s11_gain_decay/r3_dyt_trained": _s11_r3, "s12_mup_transfer/r1_transfer": _s12_r1,
+    "s13_ngpt/r1_budgets": _s13_r1}
 
 
 def numbers(folder: Path) -> Numbers:

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write, write_verdicts
 from minillm.analysis.compare import compare
@@ -190,12 +190,12 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                "; Post - Mix " + fmt(m3_post, "post") + f"; {pre.count(holm, 'M3')}"),
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate)}\n\n### Verdicts (rules fixed "
+    md = (f"Machine: {runs_machine(runs)}. {len(runs)} runs.\n\n{tab}\n\n{pre.line(gate)}\n\n### Verdicts (rules fixed "
           f"before the runs; the precondition gate and Holm's adjustment added after the data)\n\n{vt}\n\n"
           f"Beside M3's rule, not part of it: each difference's 95% paired t interval over the seeds "
           f"(minillm.analysis.stats), in brackets. verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()], "verdicts": verdicts,
-            "precondition": [gate], "holm": holm, "machine": machine()}, md
+            "precondition": [gate], "holm": holm, "machine": runs_machine(runs)}, md
 
 
 def holm_parts(runs: Runs) -> dict:

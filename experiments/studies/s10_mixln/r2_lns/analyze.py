@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, parse_args, table, write
 from experiments.studies.s10_mixln.r1_mixln import analyze as s10
@@ -119,12 +119,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     lines = "\n\n".join(pre.line(g) for g in gates)
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before the runs; "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before the runs; "
           f"C1's restatement, the precondition gate and Holm's adjustment added after the data)\n\n{vt}\n"
           f"\nBeside C3's rule, not part of it: each difference's 95% paired t interval over the seeds "
           f"(minillm.analysis.stats), in brackets.\n")
     return {"cells": [{"variant": v, "n_layers": L, **c} for (v, L), c in cells.items()], "verdicts": verdicts,
-            "precondition": gates, "holm": holm, "machine": machine()}, md
+            "precondition": gates, "holm": holm, "machine": runs_machine(runs)}, md
 
 
 def preconditions(runs: Runs) -> list[dict]:

@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from experiments.studies.s10_mixln.r1_mixln import analyze as s10
@@ -187,13 +187,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     tab = table(["arm", "variant", "val loss", "layer-drop loss, 2nd half", "deep input scale", "runs"], rows)
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     lines = "\n\n".join(pre.line(g) for g in gates)
-    md = (f"Machine: {machine()}. L = {DEPTH}, seed means.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"L = {DEPTH}, seed means.\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before "
           f"the runs; R3's restatement, the precondition gate and the interval readings added after the data)"
           f"\n\n{vt}\n\nBeside R1's and R2's rules, not part of them: each val loss difference's 95% paired t "
           f"interval over the seeds (minillm.analysis.stats), in brackets.\n")
     return {"cells": [{"arm": a, "variant": v, **c} for (a, v), c in cells.items()], "verdicts": verdicts,
             "precondition": gates, "parts": parts, "adam_bound": {str(k): v for k, v in bounds.items()},
-            "machine": machine()}, md
+            "machine": runs_machine(runs)}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

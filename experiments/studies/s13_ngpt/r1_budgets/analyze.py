@@ -49,7 +49,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
@@ -124,7 +124,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             for a in ARMS for b in BUDGETS if val[a, b] or a == "ngpt"]
     pilot = table(["lr", *ARMS], [[f"{lr:g}", *(chosen[a]["pilot"][f"{lr:g}"] for a in ARMS)] for lr in LRS])
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs (pilot seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, judged seeds "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs (pilot seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, judged seeds "
           f"{SEEDS[0]}-{SEEDS[-1]}).\n\n### Pilot: mean final val loss at {STEPS} steps (failures at ln V)\n\n"
           f"{pilot}\n\nChosen lr: baseline {chosen['baseline']['lr']:g}, nGPT {chosen['ngpt']['lr']:g}.\n\n"
           f"{pre.line(gate)}\n\n### Judged runs: final val loss\n\n"
@@ -135,7 +136,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"verdicts.md: minillm.analysis.compare's default verdicts, each nGPT budget against the baseline.\n")
     return {"lr_choice": chosen, "val": {f"{a}@{b}": val[a, b] for a in ARMS for b in BUDGETS},
             "steps_to_target": reach, "verdicts": verdicts, "precondition": [gate], "holm": parts,
-            "machine": machine()}, md
+            "machine": runs_machine(runs)}, md
 
 
 def steps_to_target(judged: Runs, base: dict[int, float]) -> dict[int, int | None]:

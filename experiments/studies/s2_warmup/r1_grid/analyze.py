@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, fmt, mean, paired, spread, table
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
@@ -84,7 +84,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                      for p in ("pre", "post")])
     gate = xiong_premise("depth_scaled")
     rule, verdict = verdict, pc.gate(verdict, gate)
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{pc.line(gate)}\n\n### Final val loss by setting (mean of "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs.\n\n{pc.line(gate)}\n\n### Final val loss by setting (mean of "
           f"{n_seeds} seeds)"
           f"\n\n{main}\n\n### Warmup gain per placement\n\n{summary}\n\nVerdict rule (fixed before the runs): "
           f"confirmed if Post-LN gains >= {NEEDS_WARMUP} nats from warmup somewhere (and >= 2x the seed range) "
@@ -93,7 +94,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"95% interval is "
           f"minillm.analysis.stats' paired t over the {n_seeds} seeds (no warmup - the best warmup, paired by seed).\n")
     return {"rows": rows, "gains": gains, "verdict": verdict, "verdict_rule": rule, "precondition": [gate],
-            "machine": machine()}, md
+            "machine": runs_machine(runs)}, md
 
 def xiong_premise(init: str) -> dict:
     """Xiong et al.'s Theorem 1 premise as S1 measured it at initialization (its committed results.json): Post-LN's

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from experiments.studies.s2_warmup.r1_grid.analyze import INSENSITIVE, NEEDS_WARMUP, xiong_premise
@@ -73,10 +73,11 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                 "overall": (verdict, f"{hits} of 2")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     gate = xiong_premise("xavier")
-    md = (f"Machine: {machine()}. {len(runs)} runs, L = 12, init xavier, 3 seeds per cell (seed means; a diverged "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs, L = 12, init xavier, 3 seeds per cell (seed means; a diverged "
           f"run counts as ln V).\n\n{tab}\n\n{pc.line(gate)}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     return {"gains": [{"placement": p, "lr": lr, **g} for (p, lr), g in gains.items()], "verdicts": verdicts,
-            "precondition": [gate], "machine": machine()}, md
+            "precondition": [gate], "machine": runs_machine(runs)}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

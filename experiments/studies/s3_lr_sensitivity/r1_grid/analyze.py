@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.report import lr_sensitivity
@@ -87,13 +87,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                          "runs without z-loss or QK-norm that diverged", "at least 1", {"every norm and lr": diverged},
                          "present" if diverged else "absent", "this round's runs; the z-loss check reads "
                          f"{pc.PREMISE_ABSENT} where this is absent")]
-    md = (f"Machine: {machine()}. {len(runs)} runs, seeds pooled. Loss = final val loss, a diverged run "
+    md = (f"Machine: {runs_machine(runs)}. {len(runs)} runs, seeds pooled. Loss = final val loss, a diverged run "
           f"counts as ln V = {runs[0]['loss_init']:.3f}.\n\n### Final val loss by peak learning rate\n\n{main}\n\n"
           f"### Claims (thresholds fixed before the runs: a mitigation lowers sensitivity when it is <= "
           f"{LOWER}x; logits grow when >= {LOGIT_GROWTH:g}x)\n\n{claims}\n\n" + "\n\n".join(map(pc.line, gates))
           + "\n")
     results = {"variants": [{**p, "loss_by_lr": {str(k): v for k, v in p["loss_by_lr"].items()}}
-                            for p in per.values()], "checks": check_rows, "precondition": gates, "machine": machine()}
+                            for p in per.values()], "checks": check_rows, "precondition": gates,
+                            "machine": runs_machine(runs)}
     return results, md
 
 

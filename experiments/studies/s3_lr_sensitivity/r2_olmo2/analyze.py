@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, table
 from minillm.analysis.report import lr_sensitivity
@@ -105,11 +105,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     }
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     gate = pc.none("the learning-rate sensitivity each arm is compared on is measured on every arm")
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, RMSNorm, 2 seeds per cell (losses: seed "
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine(runs)}. "
+          f"{len(runs)} runs, RMSNorm, 2 seeds per cell (losses: seed "
           f"means, a diverged run "
           f"counts as ln V).\n\n{main}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"variants": [{**m, "loss_by_lr": {str(k): v for k, v in m["loss_by_lr"].items()}}
-                            for m in per.values()], "verdicts": verdicts, "machine": machine(), "O4_paired_t": quality,
+                            for m in per.values()], "verdicts": verdicts,
+                            "machine": runs_machine(runs), "O4_paired_t": quality,
                "precondition": [gate]}
     return results, md
 

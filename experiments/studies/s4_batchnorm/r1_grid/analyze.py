@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from minillm.analysis.compare import compare
@@ -124,14 +124,15 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         checks.append([f"RMSNorm within seed noise of LayerNorm at batch {b}", d, noise,
                        ci(diff(final_loss, "rmsnorm", b)), abs(d) <= max(GAP, 2 * noise)])
     gate = pc.none("BatchNorm's small-batch failure is the claim itself, observed or not in these runs")
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs ({len(runs.values('seed'))} seeds per cell), "
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine(runs)}. "
+          f"{len(runs)} runs ({len(runs.values('seed'))} seeds per cell), "
           f"means over "
           f"seeds.\n\n{main}\n\n### Checks (thresholds fixed before the runs)\n\n"
           f"{table(['check', 'value', 'seed range', '95% CI (paired t)', 'holds'], checks)}\n\n"
           f"The intervals are beside the rules, not part of them: minillm.analysis.stats' paired t over the seeds both "
           f"arms have a loss for (a diverged run has none). verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()], "checks": checks,
-            "precondition": [gate], "machine": machine()}, md
+            "precondition": [gate], "machine": runs_machine(runs)}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

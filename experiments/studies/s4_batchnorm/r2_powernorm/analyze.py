@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine, provenance
+from experiments.common.machine import provenance, runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from minillm.analysis.compare import compare
@@ -143,14 +143,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     gate = pre.none(f"P1 compares two norms; the failure P2 was about, BatchNorm's at batch {small}, occurred in "
                     f"{bn_s['failed']} of {bn_s['runs']} runs")
-    md = (f"Machine: {machine()}. {len(runs)} runs.\n\n{main}\n\n{pre.line(gate)}\n\n"
+    md = (f"Machine: {runs_machine(runs)}. {len(runs)} runs.\n\n{main}\n\n{pre.line(gate)}\n\n"
           f"{provenance(runs, lambda r: r['norm'])}\n\n### BatchNorm's fluctuation against sampling "
           f"(second half of training)\n\n{fl}\n\n### Verdicts (rules fixed before the runs; F's and P2's "
           f"restatement added after the data)\n\n{vt}\n\n"
           f"The intervals are beside the rules, not part of them: minillm.analysis.stats' paired t over the seeds. "
           f"verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"norm": n, "batch_size": b, **c} for (n, b), c in cells.items()],
-            "verdicts": verdicts, "precondition": [gate], "machine": machine()}, md
+            "verdicts": verdicts, "precondition": [gate], "machine": runs_machine(runs)}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

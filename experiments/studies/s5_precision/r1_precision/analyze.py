@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, by_seed, ci, mean, paired, spread, table
 from minillm.analysis import stats as st
@@ -109,7 +109,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     gates = [pc.not_recorded("stream_growth", "the runs logged max |h| per block, not its RMS", proxy if base else None,
                              "final max |h| after the last block / after the first, over sqrt(L)"),
              pc.not_recorded("massive_activations", "the runs logged max |h| per block, not the median of |h|")]
-    md = (f"Machine: {machine()}. {len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs, means over seeds. fp16 = `trainer=cpu_fp16`: fp16 autocast "
           f"with a GradScaler (init scale 65536) on the CPU.\n\n{main}\n\n" + "\n\n".join(map(pc.line, gates)) +
           "\n\n### Checks (thresholds fixed before the "
           f"runs)\n\n{table(['check', 'value', '95% CI (paired t)', f'engine (margin {SAME})', 'holds'], checks)}"
@@ -117,7 +118,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
           f"minillm.analysis.stats' paired "
           f"t over the seeds and its verdict at the margin {SAME}. verdicts.md: minillm.analysis.compare's verdicts.\n")
     return {"cells": [{"placement": p, "precision": q, **c} for (p, q), c in cells.items()], "checks": checks,
-            "precondition": gates, "machine": machine()}, md
+            "precondition": gates, "machine": runs_machine(runs)}, md
 
 
 def plot(runs: Runs, out: Path) -> None:

@@ -58,7 +58,7 @@ import numpy as np
 
 from experiments.common import precondition as pre
 from experiments.common.layout import ROOT
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, by_seed, ci, load, mean, paired, table, write
 from minillm.metrics import VAL_LOSS, parse_metric
@@ -202,12 +202,12 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     lrs = {p: cells[p, DEPTHS[0]]["lr"] for p in PLACEMENTS}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     lines = "\n\n".join(pre.line(g) for g in gates)
-    md = (f"Machine: {machine()}. {len(runs)} runs ({len(main)} in stage 2). Tuned lr: "
+    md = (f"Machine: {runs_machine(runs)}. {len(runs)} runs ({len(main)} in stage 2). Tuned lr: "
           + ", ".join(f"{p} {lr:g}" for p, lr in lrs.items() if lr) + f" (tuned on seed {TUNE_SEED} at L = "
           f"{TUNE_DEPTH} only).\n\n{tab}\n\n{lines}\n\n### Verdicts (rules fixed before the runs; the precondition "
           f"gate and Holm's adjustment added after the data)\n\n{vt}\n")
     return {"cells": [{"placement": p, "n_layers": L, **c} for (p, L), c in cells.items()],
-            "verdicts": verdicts, "precondition": gates, "holm": holm, "machine": machine()}, md
+            "verdicts": verdicts, "precondition": gates, "holm": holm, "machine": runs_machine(runs)}, md
 
 
 def preconditions(main: Sequence[dict]) -> list[dict]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis import stats as st
@@ -106,14 +106,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         *[[f"{p}: early update at L={deep} / at L={shallow}", f"{growth[p]:.2f}", None] for p in PLACEMENTS],
     ]
     gate = stall_premise(runs.where(placement="post", n_layers=deep), "this round's Post-LN runs")
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, means over seeds. Update ratio = "
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine(runs)}. {len(runs)} runs, means over seeds. Update ratio = "
           f"||W_after - W_before|| / "
           f"||W_before|| over all parameters, one optimizer step, logged every step.\n\n{main}\n\n"
           f"### Every run at L={deep}\n\n{per_seed}\n\n### Checks\n\nThresholds fixed before the runs; the stall "
           f"check (stalled: final val loss >= unigram loss - {STALL}) after the first 24 runs and before the "
           f"follow-up seeds.\n\n{table(['check', 'value', 'holds'], checks)}\n")
     return {"cells": [{"placement": p, "n_layers": d, **c} for (p, d), c in cells.items()], "checks": checks,
-            "precondition": [gate], "machine": machine()}, md
+            "precondition": [gate], "machine": runs_machine(runs)}, md
 
 
 def stall_premise(post: list[dict], source: str, is_stalled=None) -> dict:

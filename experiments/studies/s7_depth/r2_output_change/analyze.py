@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, table, write
 from experiments.studies.s7_depth.r1_ladder import analyze as ladder
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     gate = stall_premise(post, "the full runs these reruns repeat (their stall from round 1)",
                          lambda r: r in groups["post, stalled"])
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} reruns of the first 100 steps at L=48. Model "
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine(runs)}. {len(runs)} reruns of the first 100 steps at L=48. Model "
           f"update = RMS change of "
           f"the log-probabilities of 4 probe sequences over one optimizer step (eval mode). Largest difference "
           f"between a rerun's train losses and its full run's: {mismatch:.2e}.\n\n"
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   [[g, r["seed"], early_max(r, OUTPUT_CHANGE), early_argmax(r), late_mean(r)]
                    for g, rs in groups.items() for r in sorted(rs, key=lambda r: r["seed"])], digits=3))
     write(out, {"rows": rows, "checks": checks, "max_loss_mismatch": mismatch, "precondition": [gate],
-                "machine": machine()}, md)
+                "machine": runs_machine(runs)}, md)
     plot(groups, out)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from experiments.studies.s7_depth.r1_ladder import analyze as ladder
 from experiments.studies.s7_depth.r1_ladder.analyze import stalled, val_loss
@@ -44,14 +44,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     holds = cells[long[0]["warmup_steps"]] <= PREVENTS
     fisher = st.fisher_p(cells[long[0]["warmup_steps"]], len(long), cells[short[0]["warmup_steps"]], len(short))
     gate = ladder.stall_premise(list(short), f"round 1's Post-LN runs with {short[0]['warmup_steps']} warmup steps")
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. Post-LN, L={deep}, lr 3e-3, 300 steps, seeds 0-9.\n\n"
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine([*short, *long])}. "
+          f"Post-LN, L={deep}, lr 3e-3, 300 steps, seeds 0-9.\n\n"
           + table(["warmup steps", "stalled [95% CI of the rate]", "final val loss of the runs that trained (mean)",
                    "final val loss per seed (0-9)"], rows)
           + "\n\n" + table(["check (fixed before the runs)", "holds"],
                            [[f"the longer warmup prevents the stalls (at most {PREVENTS} of 10 stall)", holds]])
           + f"\n\nBeside the rule: Fisher's exact test (two-sided) of the stalls with {long[0]['warmup_steps']} "
             f"against {short[0]['warmup_steps']} warmup steps, p = {fisher:.3f} (minillm.analysis.stats).\n")
-    write(out, {"rows": rows, "holds": holds, "machine": machine(), "fisher_p": fisher, "precondition": [gate]}, md)
+    write(out, {"rows": rows, "holds": holds,
+                "machine": runs_machine([*short, *long]), "fisher_p": fisher, "precondition": [gate]}, md)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine, provenance
+from experiments.common.machine import provenance, runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import load, mean, parse_args, rate_ci, table, write
 from minillm.analysis import stats as st
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     post_runs = runs.where(placement="post", init="gpt2")
     gate = stall_premise(post_runs, "this round's Post-LN arm (its own stall rule)", stalled)
     origin = provenance(runs, lambda r: NAMES[(r["placement"], r["init"])])
-    md = (f"{pc.line(gate)}\n\n{origin}\n\nMachine: {machine()}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, "
+    md = (f"{pc.line(gate)}\n\n{origin}\n\nMachine: {runs_machine(runs)}. L=48, LayerNorm, dim 64, lr 3e-3, warmup 40, "
           f"300 steps, seeds 10-19. "
           f"Stalled: final val loss >= unigram loss of the evaluated windows ({post['unigram'] or float('nan'):.3f}) "
           f"- {STALL_MARGIN}; * marks a stalled run. Beside the rules, not part of "
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           + "\n\n" + table(["check (fixed before the runs)", "measured", "holds"], checks) + "\n")
     write(out, {"cells": {f"{a[0]}+{a[1]}": c for a, c in cells.items()}, "fisher_p": p, "confirmed": confirmed,
                 "suffices": {f"{a[0]}+{a[1]}": s for a, s in suffices.items()}, "precondition": [gate],
-                "machine": machine()}, md)
+                "machine": runs_machine(runs)}, md)
     plot(runs, cells, out)
 
 

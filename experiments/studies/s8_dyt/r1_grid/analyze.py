@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
 from minillm.metrics import TRAIN_LOSS, VAL_LOSS
@@ -128,7 +128,7 @@ def analyze(runs: Runs, saturation: dict[str, list[float]] | None = None) -> tup
     rule = {"h1": verdict_h1(), "h2": h2, "h3": h3}
     word = {k: pre.gate(v, gate) for k, v in rule.items()}
     results = {
-        "machine": machine(), "alpha0": ALPHA0, "lrs": LRS, "seeds": SEEDS, "steps": [SHORT, LONG],
+        "machine": runs_machine(runs), "alpha0": ALPHA0, "lrs": LRS, "seeds": SEEDS, "steps": [SHORT, LONG],
         "grid_mean_loss": {f"{lr:g}/{a:g}": v for (lr, a), v in grid.items()},
         "rmsnorm_mean_loss": {f"{lr:g}": v for lr, v in rms.items()},
         "best_alpha0_per_lr": {f"{lr:g}": a for lr, a in best_a0.items()},

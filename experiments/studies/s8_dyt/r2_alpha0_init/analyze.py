@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pre
-from experiments.common.machine import machine, provenance
+from experiments.common.machine import provenance, runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, ci, load, mean, paired, parse_args, table, write
 from experiments.studies.s8_dyt.r1_grid import analyze as s8
@@ -112,13 +112,14 @@ def analyze(runs: Runs, saturation: dict[str, list[float]] | None = None) -> tup
                                           ("0.05-0.1 (round 2)" if s8.alpha0(r) in SMALL_ALPHA0 else
                                            "0.25-2 and RMSNorm (round 1)")))
     lines = "\n\n".join(pre.line(g) for g in gates)
-    md = (f"Machine: {machine()}. {len(runs)} runs (round 1's and round 2's), 400 steps, seed means; a diverged "
+    md = (f"Machine: {runs_machine(runs)}. "
+          f"{len(runs)} runs (round 1's and round 2's), 400 steps, seed means; a diverged "
           f"run counts as ln V.\n\n### DyT, GPT-2 init (alpha0 0.25-2 from round 1)\n\n{grid_table}\n\n"
           f"### Unit-scale embeddings\n\n{x_table}\n\n{lines}\n\n{origin}\n\n### Verdicts (rules fixed before the "
           f"runs; the precondition gate and the interval reading added after the data)\n\n{vt}\n")
     return {"grid_gpt2_init": {f"{lr:g}/{a:g}": v for (lr, a), v in grid.items()},
             "xavier": {**{f"dyt/{a:g}": v for a, v in x_mean.items()}, "rmsnorm": mean(rms.values())},
-            "paired_gaps_xavier": gaps, "verdicts": verdicts, "machine": machine(), "paired_t_xavier": gap_t,
+            "paired_gaps_xavier": gaps, "verdicts": verdicts, "machine": runs_machine(runs), "paired_t_xavier": gap_t,
             "precondition": gates, "d2_against": {"near": near, "shrunk": shrunk}}, md
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save, xy
 from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
@@ -90,12 +90,12 @@ def analyze(runs: Runs, premise: dict[str, list[float]] | None = None) -> tuple[
             for a in ARMS]
     gaps = [[a, *_gap(val[a], val["rmsnorm"])] for a in POINTWISE]
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
-    md = (f"Machine: {machine()}. {len(runs)} runs, {STEPS} steps, init xavier, lr 3e-3.\n\n"
+    md = (f"Machine: {runs_machine(runs)}. {len(runs)} runs, {STEPS} steps, init xavier, lr 3e-3.\n\n"
           f"{table(['arm', 'runs', 'val loss (mean)', 'per seed'], rows)}\n\n"
           f"{table(['arm', 'minus RMSNorm (seed mean)', '95% CI'], gaps)}\n\n{pre.line(gate)}\n\n"
           f"### Verdicts (rules fixed before the runs; {parts['text']})\n\n{vt}\n\n"
           f"verdicts.md: minillm.analysis.compare's default verdicts, every arm against RMSNorm.\n")
-    return {"val": val, "verdicts": verdicts, "precondition": [gate], "holm": parts, "machine": machine()}, md
+    return {"val": val, "verdicts": verdicts, "precondition": [gate], "holm": parts, "machine": runs_machine(runs)}, md
 
 
 def _gap(arm_: dict[int, float], base: dict[int, float]) -> list[str]:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine
+from experiments.common.machine import runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, analysis_main, by_seed, mean, paired, table
 from minillm.analysis import stats as st
@@ -113,11 +113,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                                     f"); engine: {s['engine']}")}
     vt = table(["hypothesis", "verdict", "numbers"], [[k, v, why] for k, (v, why) in verdicts.items()])
     gate = pc.none("training without warmup, and parity with LayerNorm, are measured on every arm")
-    md = (f"{pc.line(gate)}\n\nMachine: {machine()}. {len(runs)} runs, seed-mean loss (a diverged run counts as "
+    md = (f"{pc.line(gate)}\n\nMachine: {runs_machine(runs)}. "
+          f"{len(runs)} runs, seed-mean loss (a diverged run counts as "
           f"ln V) per cell."
           f"\n\n{tab}\n\n### Verdicts (rules fixed before the runs)\n\n{vt}\n")
     results = {"loss": [{"norm": n, "warmup": w, "lr": lr, "loss": loss[n, w, lr], "failed": fails[n, w, lr]}
-                        for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs, "machine": machine(),
+                        for n, w, lr in grid], "verdicts": verdicts, "paired_diffs": diffs,
+                        "machine": runs_machine(runs),
                "precondition": [gate],
                "S_interval": s}
     return results, md

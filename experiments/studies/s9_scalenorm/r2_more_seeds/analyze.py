@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.common import precondition as pc
-from experiments.common.machine import machine, provenance, run_kernels
+from experiments.common.machine import provenance, runs_machine
 from experiments.common.plots import pyplot, save
 from experiments.common.study import Runs, load, parse_args, table, write, write_verdicts
 from experiments.studies.s9_scalenorm.r1_grid import analyze as s9
@@ -61,14 +61,14 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             and r["seed"] in seeds]
     gate = pc.none("a parity of two norms, measured on both")
     md = (f"{pc.line(gate)}\n\n{provenance(used, lambda r: r['norm'])} The runs record no start time; their commit is "
-          f"the checkout they ran from.\n\nAnalysis: {machine()}. Runs: {run_kernels(used)}. lr {LR:g}, warmup "
+          f"the checkout they ran from.\n\nMachine: {runs_machine(used)}. lr {LR:g}, warmup "
           f"{WARMUP}, paired by seed.\n\n"
           f"{tab}\n\n"
           f"### Verdict (rule fixed before the runs)\n\nS: **{res['verdict']}**: ScaleNorm - LayerNorm {numbers}\n\n"
           f"Engine: minillm.analysis.stats.paired_t for the interval; "
           f"verdicts.md for minillm.analysis.compare's full verdict.\n")
     return {"verdict": res["verdict"], "mean": res["diff"], "ci": [lo, hi], "seeds": seeds, "diffs": diffs,
-            "excludes_zero": excludes, "machine": machine(), "p": res["p"], "sd": res["sd"],
+            "excludes_zero": excludes, "machine": runs_machine(used), "p": res["p"], "sd": res["sd"],
             "engine_verdict": res["engine"], "precondition": [gate]}, md
 
 
