@@ -23,7 +23,7 @@ def plan_main(args: list, capsys) -> tuple[int, str, str]:
     return call_main(main, args, capsys)
 
 
-PLAN = """\
+PLAN_V2 = """\
 question: Are RMSNorm and ScaleNorm as good as LayerNorm, at each one's own learning rate?
 factor: norm
 baseline: layernorm
@@ -32,6 +32,7 @@ lr: tuned
 seeds: [0, 1, 2, 3, 4, 5, 6, 7]
 expected: {rmsnorm: equivalent, scalenorm: equivalent, dyt: better}
 """
+PLAN = "design: single-stage\n" + PLAN_V2  # an lr tuned on the judged runs, as before the two-stage design
 
 
 def planted_after(started_at: str) -> list[dict]:
@@ -43,7 +44,7 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     code, out, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"],
                                  capsys)
     assert code == 0, err
-    record = json.loads((tmp_path / "logs" / "s" / "plan.json").read_text())
+    record = json.loads((tmp_path / "logs" / "s" / "plan.json").read_text())["stages"][-1]
     assert record["plan_sha256"] == hashlib.sha256(PLAN.encode()).hexdigest() and record["plan_text"] == PLAN
     recorded = datetime.fromisoformat(record["recorded_at"])
     assert recorded.tzinfo is not None and abs((datetime.now(timezone.utc) - recorded).total_seconds()) < 60
@@ -52,10 +53,12 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     assert record["rules_version"] == RULES_VERSION == 3 and record["plan"]["failures"] == "penalize"
     assert f"recorded {tmp_path / 'logs' / 's' / 'plan.json'}" in out
     code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
-    assert code == 2 and "already holds a plan" in err and "pass --force to replace it" in err
+    assert code == 2 and "already holds a plan" in err and "pass --force to record a new version" in err
     code, out, _ = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs",
                                 "--force"], capsys)
-    assert code == 0 and out.startswith("replaced (--force)")
+    assert code == 0 and out.startswith("recorded version 2 (--force)")
+    stages = json.loads((tmp_path / "logs" / "s" / "plan.json").read_text())["stages"]
+    assert [s["version"] for s in stages] == [1, 2] and stages[0] == {**record, "previous_sha256": None}
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -152,8 +155,15 @@ def test_a_plan_is_graded_by_the_rules_version_it_was_recorded_under(tmp_path):
     """A plan recorded under rules version 2 (or before versions) keeps its rules when the engine's rules change:
     grade() returns its version and the frozen defaults of that version for every field its text leaves out."""
     (tmp_path / "plan.yaml").write_text(PLAN)
-    record = json.loads(record_plan(tmp_path / "plan.yaml", "s", tmp_path / "logs").read_text())
-    assert grade(record, [])[0]["version"] == RULES_VERSION
+    assert grade(json.loads(record_plan(tmp_path / "plan.yaml", "s", tmp_path / "logs").read_text()), [])[0][
+        "version"] == RULES_VERSION
+    # plan.json as it was written before the stages: one flat record
+    record = {"sweep": "s", "plan": parse_plan(PLAN_V2, version=2), "plan_file": str(tmp_path / "gone.yaml"),
+              "plan_sha256": hashlib.sha256(PLAN_V2.encode()).hexdigest(), "recorded_at": "2026-11-30T00:00:00+00:00",
+              "plan_text": PLAN_V2, "rules_version": 3}
+    rules, _, _, info = grade(record, [])
+    assert (rules["version"], rules["lr"], info["plan_record_intact"]) == (3, "tuned", True)  # single-stage, as then
+    assert "version" not in info and "design" not in info  # graded and reported as before the stages
     rules, *_ = grade({**record, "rules_version": 2}, [])
     assert rules["version"] == 2 and {k: rules[k] for k in DEFAULTS_V2 if k not in ("margin", "lr")} == {
         k: v for k, v in DEFAULTS_V2.items() if k not in ("margin", "lr")}
@@ -161,3 +171,141 @@ def test_a_plan_is_graded_by_the_rules_version_it_was_recorded_under(tmp_path):
     rules, *_ = grade(before, [])
     assert (rules["version"], rules["failures"], rules["adjust"], rules["metric"]) == (2, "drop", "none",
                                                                                       "final_val_loss")
+
+
+# --- the two-stage design ------------------------------------------------------------------------------------------
+
+TWO_STAGE = """\
+question: Is RMSNorm as good as LayerNorm, each at the lr a pilot chose?
+factor: norm
+baseline: layernorm
+arms: [rmsnorm]
+lr_grid: [1e-3, 3e-3, 1e-2]
+pilot_seeds: [0, 1, 2]
+seeds: [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+margin: 0.05
+expected: {rmsnorm: equivalent}
+overrides: [experiment=cpu_study, "tags=[two stage]"]
+"""
+SHAPE = {"layernorm": {1e-3: 0.2, 3e-3: 0.0, 1e-2: 0.1}, "rmsnorm": {1e-3: 0.2, 3e-3: 0.05, 1e-2: 0.0}}
+
+
+def two_stage_runs(seeds, started_at: str, lrs=None, name: str = "ts", values=("layernorm", "rmsnorm")) -> list:
+    """Runs of the sweep ``name``: each value at each lr (default: the whole grid) and seed, a seed effect shared by
+    the values and a little noise of each run."""
+    from test_verdicts import run
+
+    rng = __import__("numpy").random.default_rng(1)
+    out = []
+    for v in values:
+        for lr in (lrs or {}).get(v, SHAPE[v]):
+            for s in seeds:
+                loss = 2.0 + 0.05 * ((s * 7) % 5 - 2) + SHAPE[v][lr] + rng.normal(0, 0.004)
+                out.append(run(v, lr, s, loss, name=name, started_at=started_at))
+    return out
+
+
+def record_two_stage(tmp_path, text: str = TWO_STAGE) -> Path:
+    (tmp_path / "plan.yaml").write_text(text)
+    return record_plan(tmp_path / "plan.yaml", "ts", tmp_path / "logs")
+
+
+def test_a_two_stage_plan_is_the_default_and_prints_the_pilot_command(tmp_path, capsys):
+    (tmp_path / "plan.yaml").write_text(TWO_STAGE)
+    code, out, err = plan_main([tmp_path / "plan.yaml", "--sweep", "ts", "--logs", tmp_path / "logs"], capsys)
+    assert code == 0, err
+    stage = json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())["stages"][0]
+    plan = stage["plan"]
+    assert (plan["design"], plan["arms"], plan["lr_grid"], plan["pilot_seeds"]) == (
+        "two-stage", ["rmsnorm"], [1e-3, 3e-3, 1e-2], [0, 1, 2])
+    assert out.splitlines()[-1] == ("  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts "
+                                    "norm=layernorm,rmsnorm optimizer.lr=0.001,0.003,0.01 seed=0,1,2")
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"pilot_seeds": "[0, 1, 10]"}, "seeds=[10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21] and pilot_seeds=[0, 1, "
+                                    "10] share 10; allowed: judged seeds disjoint from the pilot's"),
+    ({"margin": None}, "margin missing; design two-stage (the default) needs arms, lr_grid, pilot_seeds and margin"),
+    ({"lr_grid": "[3e-3]"}, "lr_grid=['3e-3'] is invalid; allowed: a list of 2 or more distinct learning rates > 0"),
+    ({"arms": "[layernorm]"}, "arms=['layernorm'] is invalid; allowed: a list of distinct values of the factor, the "
+                              "baseline not among them"),
+    ({"expected": "{rmsnorm: equivalent, dyt: better}"}, "expected={'rmsnorm': 'equivalent', 'dyt': 'better'} is "
+                                                         "invalid; allowed: a word for each arm of arms (rmsnorm)"),
+    ({"lr": "tuned"}, "lr is invalid under design two-stage"),
+    ({"design": "single-stage"}, "arms, lr_grid, pilot_seeds, overrides only belong to design: two-stage"),
+])
+def test_two_stage_fields_are_checked_with_one_error_line(change, error, tmp_path, capsys):
+    lines = [line for line in TWO_STAGE.splitlines() if line.split(":")[0] not in change]
+    (tmp_path / "plan.yaml").write_text("\n".join([*lines, *(f"{k}: {v}" for k, v in change.items() if v)]) + "\n")
+    code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "ts", "--logs", tmp_path / "logs"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"minillm-plan: error: {tmp_path / 'plan.yaml'}: {error}"), err
+
+
+def test_python_dash_m_plans_records_the_plan_as_minillm_plan_does(tmp_path):
+    """`python -m minillm.analysis.plans` (the documented form) records the plan: it used to exit 0 doing nothing."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "plan.yaml").write_text(TWO_STAGE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-m", "minillm.analysis.plans", "plan.yaml", "--sweep", "ts"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (tmp_path / "logs" / "ts" / "plan.json").is_file(), done.stderr
+    assert done.stdout.startswith("recorded logs/ts/plan.json") and "norm=layernorm,rmsnorm" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "minillm.analysis.plans", "freeze", "--sweep", "ts", "logs/ts"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no summary.json under logs/ts" in done.stderr
+
+
+def test_freeze_chooses_each_lr_on_the_pilot_and_plans_the_judged_seeds_from_its_spread(tmp_path, capsys):
+    path = record_two_stage(tmp_path)
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "p", [
+        *two_stage_runs([0, 1, 2], "2099-01-01T00:00:00+00:00"),
+        *two_stage_runs([10], "2099-01-01T00:00:00+00:00")])  # not a pilot seed: not read
+    code, out, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", tmp_path / "logs" / "ts"],
+                               capsys)
+    assert code == 0, err
+    record = json.loads(path.read_text())
+    first, stage = record["stages"]
+    assert stage["previous_sha256"] == hashlib.sha256(json.dumps(first, sort_keys=True, separators=(",", ":"))
+                                                      .encode()).hexdigest()
+    assert stage["lrs"] == {"layernorm": 3e-3, "rmsnorm": 1e-2} and stage["pilot_runs"] == 18
+    assert stage["pilot_runs_left_out"] == 6 and stage["neighbours"] is None
+    spread = stage["spread"]["rmsnorm"]
+    assert spread["pairs"] == 3 and 0 < spread["sd"] < spread["sd_upper"] < 0.02
+    from minillm.analysis.stats import seeds_to_plan
+
+    need = max(seeds_to_plan(d, spread["sd"], 3, 0.05, 0.05) for d in (0.05, 0.0))  # never the observed difference
+    assert stage["seeds_needed"] == max(need, 3) and stage["judged_seeds"] == list(range(10, 10 + max(need, 3)))
+    seeds = ",".join(map(str, stage["judged_seeds"]))
+    assert out.splitlines()[-3:-1] == [
+        f"  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts norm=layernorm optimizer.lr=0.003 "
+        f"seed={seeds}", f"  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts norm=rmsnorm "
+        f"optimizer.lr=0.01 seed={seeds}"]
+    # the pilot-size rule: rmsnorm's 1e-2 beats 3e-3 by 0.05 nats, far more than 2 standard errors
+    assert all(m["enough"] for ms in stage["lr_margins"].values() for m in ms) and stage["warnings"] == []
+    code, _, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", tmp_path / "logs" / "ts"],
+                             capsys)
+    assert code == 2 and "was frozen at" in err and "a design is frozen once" in err
+
+
+def test_freeze_refuses_a_pilot_without_an_arm_or_an_lr_and_warns_of_a_pilot_too_small(tmp_path, capsys):
+    record_two_stage(tmp_path)
+    pilot = write_sweep(tmp_path / "pilot", two_stage_runs([0, 1, 2], "2099-01-01T00:00:00+00:00",
+                                                           lrs={"rmsnorm": (1e-3, 3e-3)}))
+    code, _, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", pilot], capsys)
+    assert code == 2 and err.count("\n") == 1 and "the pilot has no run of rmsnorm at lr 0.01" in err, err
+    near = {"layernorm": {1e-3: 0.2, 3e-3: 0.0, 1e-2: 0.001}, "rmsnorm": SHAPE["rmsnorm"]}  # a near tie
+    close = [{**r, "final_val_loss": r["final_val_loss"] - SHAPE["layernorm"][r["lr"]] + near["layernorm"][r["lr"]]}
+             if r["norm"] == "layernorm" else r for r in two_stage_runs([0, 1, 2], "2099-01-01T00:00:00+00:00")]
+    pilot = write_sweep(tmp_path / "pilot2", close)
+    code, out, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", pilot, "--neighbours"],
+                               capsys)
+    assert code == 0, err
+    stage = json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())["stages"][-1]
+    assert stage["neighbours"] == {"layernorm": [1e-3, 3e-3, 1e-2], "rmsnorm": [3e-3, 1e-2]}
+    [warning] = stage["warnings"]
+    assert warning.startswith("the pilot is too small to choose the lr of layernorm: 0.003 beats its neighbour 0.01")
+    assert "about" in warning and warning.endswith("pilot seeds would do") and f"warning: {warning}" in out
