@@ -309,3 +309,95 @@ def test_freeze_refuses_a_pilot_without_an_arm_or_an_lr_and_warns_of_a_pilot_too
     [warning] = stage["warnings"]
     assert warning.startswith("the pilot is too small to choose the lr of layernorm: 0.003 beats its neighbour 0.01")
     assert "about" in warning and warning.endswith("pilot seeds would do") and f"warning: {warning}" in out
+
+
+def frozen_sweep(tmp_path, capsys) -> dict:
+    """A recorded two-stage plan, its pilot (started before the freeze) and its freeze stage."""
+    record_two_stage(tmp_path)
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "pilot", two_stage_runs([0, 1, 2], "2020-01-01T00:00:00Z"))
+    code, _, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", tmp_path / "logs" / "ts"],
+                             capsys)
+    assert code == 0, err
+    return json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())["stages"][-1]
+
+
+def test_the_report_judges_each_value_at_its_frozen_lr_on_the_judged_seeds_and_says_the_estimand(tmp_path, capsys):
+    stage = frozen_sweep(tmp_path, capsys)
+    seeds, after = stage["judged_seeds"], "2099-01-01T00:00:00+00:00"
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "j1", two_stage_runs(seeds, after, lrs={"layernorm": [3e-3]},
+                                                                              values=["layernorm"]))
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "j2", two_stage_runs(seeds, after, lrs={"rmsnorm": [1e-2]},
+                                                                              values=["rmsnorm"]))
+    code, out, err = report_main([tmp_path / "logs" / "ts", "--plan", "--margin", "0.5"], capsys)
+    assert code == 0, err
+    assert "note: --margin 0.5 ignored" in out
+    data = json.loads((tmp_path / "logs" / "ts" / "report" / "verdicts.json").read_text())
+    [c] = data["comparisons"]
+    assert (c["arm_lr"], c["baseline_lr"], c["n_pairs"], c["seeds"]) == (1e-2, 3e-3, len(seeds), seeds)
+    assert c["preregistered"] is True and c["estimand"] == "each arm at the lr a 3-seed pilot chose"
+    assert c["lr_choice"]["how"] == "pilot" and not any("lr was chosen" in w for w in c["warnings"])
+    assert (c["verdict"], c["as_expected"]) == ("equivalent", True)
+    plan = data["plan"]
+    assert (plan["version"], plan["versions"], plan["stage"], plan["breaches"]) == (1, 1, "freeze", [])
+    assert len(plan["pilot_runs"]) == 18 and plan["plan_record_intact"] is True
+    md = (tmp_path / "logs" / "ts" / "report" / "verdicts.md").read_text()
+    assert "**rmsnorm is equivalent to layernorm** (within ±0.05) (each arm at the lr a 3-seed pilot chose): " in md
+    assert f"Graded by version 1 of 1 (freeze stage, sha256 {plan['stage_sha256'][:12]})" in md
+
+
+def test_runs_outside_the_frozen_design_mark_the_verdict_not_pre_registered(tmp_path, capsys):
+    stage = frozen_sweep(tmp_path, capsys)
+    seeds, after = stage["judged_seeds"], "2099-01-01T00:00:00+00:00"
+    judged = two_stage_runs(seeds, after, lrs={"layernorm": [3e-3], "rmsnorm": [1e-2]})
+    judged[0]["started_at"] = "2020-06-01T00:00:00+00:00"  # a layernorm run started before the freeze
+    stray = [*two_stage_runs([0], after, lrs={"rmsnorm": [1e-2]}, values=["rmsnorm"]),  # a pilot seed, judged
+             *two_stage_runs([seeds[0]], after, lrs={"rmsnorm": [1e-3]}, values=["rmsnorm"])]  # not its frozen lr
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "j", [*judged, *stray])
+    code, out, err = report_main([tmp_path / "logs" / "ts", "--plan"], capsys)
+    assert code == 0, err
+    data = json.loads((tmp_path / "logs" / "ts" / "report" / "verdicts.json").read_text())
+    [c] = data["comparisons"]
+    messages = sorted(b["message"].split(":")[0] for b in data["plan"]["breaches"])
+    assert messages == ["1 judged run(s) judge a pilot seed (started after the freeze)",
+                        "1 judged run(s) ran at an lr not frozen for rmsnorm (0.01)",
+                        "1 judged run(s) started before the design was frozen (" + stage["frozen_at"].split(":")[0]]
+    assert c["preregistered"] is False and c["n_pairs"] == len(seeds)  # compared at the frozen lrs all the same
+    assert sum(w.startswith("not pre-registered: ") for w in c["warnings"]) == 3
+    md = (tmp_path / "logs" / "ts" / "report" / "verdicts.md").read_text()
+    assert "(**not pre-registered**: the runs breach the frozen design, see the warnings)." in md
+    assert "breaches of the design: 3 (the verdicts they touch are **not pre-registered**)" in md
+    assert "rmsnorm: equivalent" in out and "(not pre-registered)" in out
+
+
+def test_another_sweeps_runs_and_a_new_version_after_the_runs_are_breaches_and_the_history_is_kept(tmp_path, capsys):
+    stage = frozen_sweep(tmp_path, capsys)
+    seeds = stage["judged_seeds"]
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "j", [
+        *two_stage_runs(seeds, "2026-12-01T00:00:00+00:00", lrs={"layernorm": [3e-3], "rmsnorm": [1e-2]}),
+        *two_stage_runs(seeds[:1], "2099-01-01T00:00:00+00:00", lrs={"rmsnorm": [1e-2]}, values=["rmsnorm"],
+                        name="other")])
+    (tmp_path / "plan.yaml").write_text(TWO_STAGE.replace("margin: 0.05", "margin: 0.2"))  # shopping for a margin
+    code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "ts", "--logs", tmp_path / "logs", "--force"],
+                             capsys)
+    assert code == 0, err
+    code, _, err = report_main([tmp_path / "logs" / "ts", "--plan"], capsys)
+    assert code == 2 and "the two-stage plan is not frozen" in err  # version 2 has no design yet
+    code, _, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", tmp_path / "logs" / "ts"],
+                             capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())
+    assert [(s["stage"], s["version"]) for s in record["stages"]] == [("plan", 1), ("freeze", 1), ("plan", 2),
+                                                                      ("freeze", 2)]
+    code, _, err = report_main([tmp_path / "logs" / "ts", "--plan"], capsys)
+    data = json.loads((tmp_path / "logs" / "ts" / "report" / "verdicts.json").read_text())
+    assert (data["margin"], data["plan"]["version"], data["plan"]["versions"]) == (0.2, 2, 2)
+    breaches = [b["message"] for b in data["plan"]["breaches"]]
+    assert sum(m.startswith(f"{len(seeds)} judged run(s) started before the design was frozen") for m in breaches) == 2
+    assert any("are not of the plan's sweep ts (summary.json's name other)" in m for m in breaches)
+    assert data["comparisons"][0]["preregistered"] is False
+    # an edited stage breaks the chain: the record is no longer intact
+    record["stages"][1]["lrs"]["rmsnorm"] = 3e-3
+    (tmp_path / "logs" / "ts" / "plan.json").write_text(json.dumps(record))
+    code, _, err = report_main([tmp_path / "logs" / "ts", "--plan"], capsys)
+    data = json.loads((tmp_path / "logs" / "ts" / "report" / "verdicts.json").read_text())
+    assert code == 0 and data["plan"]["plan_record_intact"] is False

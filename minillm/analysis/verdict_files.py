@@ -165,7 +165,8 @@ def sentence(c: dict, result: dict) -> str:
     diff = ("no difference to show" if c["diff"] is None else
             f"{result['metric']} {c['diff']:+.4f} [{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] ({c['ci_method']}, "
             f"{n}{adjusted})")
-    text = f"{head}{where}: {diff}"
+    estimand = f" ({c['estimand']})" if c.get("estimand") else ""
+    text = f"{head}{where}{estimand}: {diff}"
     fails = c["fail_arm"] or c["fail_baseline"]
     if fails and result["failures_rule"] == "penalize":
         text += (f"; it failed in {c['fail_arm']} of {c['n_arm']} runs (baseline {c['fail_baseline']} of "
@@ -182,6 +183,8 @@ def sentence(c: dict, result: dict) -> str:
         text += f"; about {c['seeds_needed']} pairs would decide{power}"
     if not c["informative"]:
         text += " (not informative: see the warnings)"
+    if c.get("preregistered") is False:
+        text += " (**not pre-registered**: the runs breach the frozen design, see the warnings)"
     return text + "."
 
 
@@ -190,7 +193,8 @@ def short_line(c: dict) -> str:
     where = f" ({_stratum(c)})" if c["stratum"] else ""
     diff = "-" if c["diff"] is None else f"{c['diff']:+.4f}"
     return (f"{label(c['arm'])}{where}: {c['verdict']} ({diff}; failed {c['fail_arm']}/{c['n_arm']} vs "
-            f"{c['fail_baseline']}/{c['n_baseline']})" + ("" if c["informative"] else " (not informative)"))
+            f"{c['fail_baseline']}/{c['n_baseline']})" + ("" if c["informative"] else " (not informative)")
+            + (" (not pre-registered)" if c.get("preregistered") is False else ""))
 
 
 def rules_text(result: dict) -> list[str]:
@@ -236,7 +240,7 @@ def markdown(result: dict) -> str:
                   f"{_fmt(plan['plan_record_intact'])}; runs started before the plan: "
                   f"{len(plan['runs_before_plan'])}" + (f" ({some(plan['runs_before_plan'])})"
                                                          if plan["runs_before_plan"] else "")
-                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."]
+                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}." + plans_text(plan)]
     header = ["arm", "stratum", "lr (arm / baseline)", "lr chosen", "pairs", "diff", "interval",
               "p (adjusted)" if not legacy(result) else "p (Holm)", "verdict", "failed (arm / baseline, Fisher p)",
               "seeds needed"] + (["expected"] if plan else [])
@@ -297,6 +301,21 @@ def stability_markdown(result: dict) -> list[str]:
                          f"**{e['verdict']}**{'' if c['informative'] else ' (not informative)'} |")
     lines += [f"- {n}" for n in stab["notes"]]
     return lines
+
+
+def plans_text(plan: dict) -> str:
+    """The version of a staged plan that graded the verdicts and, two-stage, its design and its breaches."""
+    if "version" not in plan:
+        return ""
+    text = (f" Graded by version {plan['version']} of {plan['versions']} ({plan['stage']} stage, sha256 "
+            f"{plan['stage_sha256'][:12]}).")
+    if plan.get("design") == "two-stage":
+        lrs = ", ".join(f"{v} {_lr_text(lr)}" for v, lr in plan["lrs"].items())
+        text += (f" Two-stage design: {plan['estimand']} (pilot seeds {', '.join(map(str, plan['pilot_seeds']))}; "
+                 f"lrs {lrs}), frozen {plan['frozen_at']}; judged seeds {', '.join(map(str, plan['judged_seeds']))};"
+                 f" pilot runs left out: {len(plan['pilot_runs'])}; breaches of the design: {len(plan['breaches'])}"
+                 + (" (the verdicts they touch are **not pre-registered**)" if plan["breaches"] else "") + ".")
+    return text
 
 
 def forest_plot(result: dict, path: Path) -> Path:
