@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -218,7 +219,7 @@ def test_a_two_stage_plan_is_the_default_and_prints_the_pilot_command(tmp_path, 
     plan = stage["plan"]
     assert (plan["design"], plan["arms"], plan["lr_grid"], plan["pilot_seeds"]) == (
         "two-stage", ["rmsnorm"], [1e-3, 3e-3, 1e-2], [0, 1, 2])
-    assert out.splitlines()[-1] == ("  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts "
+    assert out.splitlines()[-1] == ("  minillm-train -m experiment=cpu_study 'tags=[two stage]' name=ts "
                                     "norm=layernorm,rmsnorm optimizer.lr=0.001,0.003,0.01 seed=0,1,2")
 
 
@@ -281,8 +282,8 @@ def test_freeze_chooses_each_lr_on_the_pilot_and_plans_the_judged_seeds_from_its
     assert stage["seeds_needed"] == max(need, 3) and stage["judged_seeds"] == list(range(10, 10 + max(need, 3)))
     seeds = ",".join(map(str, stage["judged_seeds"]))
     assert out.splitlines()[-3:-1] == [
-        f"  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts norm=layernorm optimizer.lr=0.003 "
-        f"seed={seeds}", f"  python train.py -m experiment=cpu_study 'tags=[two stage]' name=ts norm=rmsnorm "
+        f"  minillm-train -m experiment=cpu_study 'tags=[two stage]' name=ts norm=layernorm optimizer.lr=0.003 "
+        f"seed={seeds}", f"  minillm-train -m experiment=cpu_study 'tags=[two stage]' name=ts norm=rmsnorm "
         f"optimizer.lr=0.01 seed={seeds}"]
     # the pilot-size rule: rmsnorm's 1e-2 beats 3e-3 by 0.05 nats, far more than 2 standard errors
     assert all(m["enough"] for ms in stage["lr_margins"].values() for m in ms) and stage["warnings"] == []
@@ -401,3 +402,80 @@ def test_another_sweeps_runs_and_a_new_version_after_the_runs_are_breaches_and_t
     code, _, err = report_main([tmp_path / "logs" / "ts", "--plan"], capsys)
     data = json.loads((tmp_path / "logs" / "ts" / "report" / "verdicts.json").read_text())
     assert code == 0 and data["plan"]["plan_record_intact"] is False
+
+
+# --- the two-stage workflow as docs/comparing.md writes it -------------------------------------------------------
+
+DOC_SHAPE = {"layernorm": {1e-3: 0.15, 3e-3: 0.0, 1e-2: 0.016}, "rmsnorm": {1e-3: 0.154, 3e-3: 0.004, 1e-2: 0.021}}
+
+
+def documented_commands() -> list[tuple[str, str | list[str]]]:
+    """The fenced block of docs/comparing.md's two-stage section: ("file", name, text) for a heredoc, else the
+    command's words."""
+    text = (Path(__file__).parents[1] / "docs" / "comparing.md").read_text()
+    block = text.split("### The two-stage design", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    lines, out = block.splitlines(), []
+    while lines:
+        line = lines.pop(0)
+        if line.startswith("cat > "):
+            body = []
+            while (next_line := lines.pop(0)) != "EOF":
+                body.append(next_line)
+            out.append(("file", line.split()[2], "\n".join(body) + "\n"))
+        else:
+            out.append(("command", shlex.split(line)))
+    return out
+
+
+def plant(words: list[str], cwd: Path, started_at: str) -> None:
+    """The runs a `minillm-train -m` line would leave (summary.json only, no training): its values x lrs x seeds."""
+    from test_verdicts import run
+
+    given = dict(w.split("=", 1) for w in words[2:])
+    name, norms = given["name"], given["norm"].split(",")
+    lrs, seeds = [float(x) for x in given["optimizer.lr"].split(",")], [int(s) for s in given["seed"].split(",")]
+    rng = __import__("numpy").random.default_rng(len(list(cwd.rglob("summary.json"))))
+    runs = []
+    for norm in norms:
+        for lr in lrs:
+            for s in seeds:
+                loss = 2.08 + 0.03 * ((s * 7) % 5 - 2) + DOC_SHAPE[norm][lr] + rng.normal(0, 0.003)
+                runs.append(run(norm, lr, s, loss, name=name, started_at=started_at, test_loss=loss + 0.01))
+    multiruns = cwd / "logs" / name / "multiruns"
+    write_sweep(multiruns / f"t{len(list(multiruns.glob('*'))) if multiruns.exists() else 0}", runs)
+
+
+def test_the_documented_two_stage_workflow_runs_as_written_from_a_fresh_folder(tmp_path, capsys, monkeypatch):
+    """Every command of docs/comparing.md's two-stage block, in order, in an empty folder: the plan, the pilot
+    (planted runs), the freeze (it must print exactly the judged commands the docs show), the judged runs, the
+    report."""
+    import time
+
+    from minillm.analysis.plans import main as plan
+    from minillm.analysis.report import main as report
+
+    monkeypatch.chdir(tmp_path)
+    steps, printed, trained = documented_commands(), [], []
+    assert [s[1][0] if s[0] == "command" else "cat" for s in steps] == [
+        "cat", "minillm-plan", "minillm-train", "minillm-plan", "minillm-train", "minillm-train", "minillm-report"]
+    for step in steps:
+        if step[0] == "file":
+            (tmp_path / step[1]).write_text(step[2])
+            continue
+        words = step[1]
+        if words[0] == "minillm-train":
+            plant(words, tmp_path, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            trained.append(shlex.join(words))
+            time.sleep(1.1)  # the freeze comes after the pilot's runs started (times are kept to the second)
+            continue
+        code, out, err = call_main(plan if words[0] == "minillm-plan" else report, words[1:], capsys)
+        assert code == 0, err
+        printed.append(out)
+    pilot = [line.strip() for line in printed[0].splitlines() if line.startswith("  minillm-train")]
+    judged = [line.strip() for line in printed[1].splitlines() if line.startswith("  minillm-train")]
+    assert pilot == trained[:1] and judged == trained[1:]  # the docs show what minillm-plan prints
+    data = json.loads((tmp_path / "logs" / "rms_vs_ln" / "report" / "verdicts.json").read_text())
+    [c] = data["comparisons"]
+    assert (c["verdict"], c["preregistered"], c["as_expected"], data["metric"]) == ("equivalent", True, True,
+                                                                                   "test_loss")
+    assert data["plan"]["breaches"] == [] and len(data["plan"]["pilot_runs"]) == 18

@@ -1,9 +1,9 @@
 """The two-stage design of a comparison over an lr grid: a pilot chooses each arm's lr, fresh seeds judge it.
 
     minillm-plan plan.yaml --sweep NAME            records the plan (plan.json), prints the pilot's command
-    python train.py -m ... name=NAME ...           the pilot: the family x lr_grid x pilot_seeds
+    minillm-train -m ... name=NAME ...             the pilot: the family x lr_grid x pilot_seeds
     minillm-plan freeze --sweep NAME PILOT         fixes each value's lr and the judged seeds; prints their commands
-    python train.py -m ... name=NAME ...           the judged runs: each value at its frozen lr, the judged seeds
+    minillm-train -m ... name=NAME ...             the judged runs: each value at its frozen lr, the judged seeds
     minillm-report logs/NAME --plan                verifies the design, then the verdicts
 
 Why two stages: an lr chosen on the runs whose loss then judges the arms rewards the arm whose runs were lucky at
@@ -103,8 +103,9 @@ def check_fields(raw: Mapping, plan: dict, source: str, bad: Callable[[str, str]
 
 
 def train_command(plan: Mapping, sweep: str, values: Sequence[str], lrs: Sequence[float], seeds: Sequence[int]) -> str:
-    """The train.py multirun of ``values`` x ``lrs`` x ``seeds`` in the plan's sweep, quoted for a POSIX shell."""
-    words = ["python", "train.py", "-m", *plan["overrides"], f"name={sweep}",
+    """The multirun of ``values`` x ``lrs`` x ``seeds`` in the plan's sweep, quoted for a POSIX shell (minillm-train:
+    the same as python train.py, from any folder; the runs go to logs/NAME under it)."""
+    words = ["minillm-train", "-m", *plan["overrides"], f"name={sweep}",
              f"{plan['factor_override']}={','.join(values)}", f"{LR_OVERRIDE}={','.join(map(label, lrs))}",
              f"seed={','.join(map(str, seeds))}"]
     return " ".join(shlex.quote(w) for w in words)
