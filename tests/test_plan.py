@@ -136,7 +136,8 @@ def test_a_run_started_before_the_plan_and_a_plan_edited_after_the_sweep_are_rep
     # plan.json edited by hand: its plan no longer matches its hash
     path = tmp_path / "logs" / "s" / "plan.json"
     record = json.loads(path.read_text())
-    path.write_text(json.dumps({**record, "plan_text": record["plan_text"].replace("0.02", "0.5")}))
+    record["stages"][0]["plan_text"] = record["stages"][0]["plan_text"].replace("0.02", "0.5")
+    path.write_text(json.dumps(record))
     code, _, err = report_main([sweep, "--plan"], capsys)
     data = json.loads((sweep / "report" / "verdicts.json").read_text())
     assert code == 0 and data["plan"]["plan_record_intact"] is False

@@ -93,3 +93,18 @@ def mark(result: dict, facts: Mapping) -> None:
         c["lr_choice"] = {"how": "pilot", "chosen_on": f"final_val_loss of pilot seeds "
                                                       f"{', '.join(map(str, facts['pilot_seeds']))}"}
         c["warnings"] = [*c["warnings"], *(f"not pre-registered: {m}" for m in mine)]
+
+
+def report_text(plan: Mapping) -> str:
+    """verdicts.md's words on the plan version that graded the verdicts and, two-stage, its design and breaches."""
+    if "version" not in plan:
+        return ""
+    text = (f" Graded by version {plan['version']} of {plan['versions']} ({plan['stage']} stage, sha256 "
+            f"{plan['stage_sha256'][:12]}).")
+    if plan.get("design") == "two-stage":
+        lrs = ", ".join(f"{v} {label(lr)}" for v, lr in plan["lrs"].items())
+        text += (f" Two-stage design: {plan['estimand']} (pilot seeds {', '.join(map(str, plan['pilot_seeds']))}; "
+                 f"lrs {lrs}), frozen {plan['frozen_at']}; judged seeds {', '.join(map(str, plan['judged_seeds']))};"
+                 f" pilot runs left out: {len(plan['pilot_runs'])}; breaches of the design: {len(plan['breaches'])}"
+                 + (" (the verdicts they touch are **not pre-registered**)" if plan["breaches"] else "") + ".")
+    return text

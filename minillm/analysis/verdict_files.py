@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from minillm.analysis import lr_curves, plans
+from minillm.analysis import design_check, lr_curves, plans
 from minillm.analysis.compare import compare, some
 from minillm.analysis.rules import ADJUSTS, EQUIVALENCE, FAILURES, INTERVALS, LR_CHOICES, OPTIONS, CompareError, Rules
 from minillm.analysis.runs import label, records_of
@@ -240,7 +240,8 @@ def markdown(result: dict) -> str:
                   f"{_fmt(plan['plan_record_intact'])}; runs started before the plan: "
                   f"{len(plan['runs_before_plan'])}" + (f" ({some(plan['runs_before_plan'])})"
                                                          if plan["runs_before_plan"] else "")
-                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}." + plans_text(plan)]
+                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."
+                  + design_check.report_text(plan)]
     header = ["arm", "stratum", "lr (arm / baseline)", "lr chosen", "pairs", "diff", "interval",
               "p (adjusted)" if not legacy(result) else "p (Holm)", "verdict", "failed (arm / baseline, Fisher p)",
               "seeds needed"] + (["expected"] if plan else [])
@@ -301,21 +302,6 @@ def stability_markdown(result: dict) -> list[str]:
                          f"**{e['verdict']}**{'' if c['informative'] else ' (not informative)'} |")
     lines += [f"- {n}" for n in stab["notes"]]
     return lines
-
-
-def plans_text(plan: dict) -> str:
-    """The version of a staged plan that graded the verdicts and, two-stage, its design and its breaches."""
-    if "version" not in plan:
-        return ""
-    text = (f" Graded by version {plan['version']} of {plan['versions']} ({plan['stage']} stage, sha256 "
-            f"{plan['stage_sha256'][:12]}).")
-    if plan.get("design") == "two-stage":
-        lrs = ", ".join(f"{v} {_lr_text(lr)}" for v, lr in plan["lrs"].items())
-        text += (f" Two-stage design: {plan['estimand']} (pilot seeds {', '.join(map(str, plan['pilot_seeds']))}; "
-                 f"lrs {lrs}), frozen {plan['frozen_at']}; judged seeds {', '.join(map(str, plan['judged_seeds']))};"
-                 f" pilot runs left out: {len(plan['pilot_runs'])}; breaches of the design: {len(plan['breaches'])}"
-                 + (" (the verdicts they touch are **not pre-registered**)" if plan["breaches"] else "") + ".")
-    return text
 
 
 def forest_plot(result: dict, path: Path) -> Path:
