@@ -1,81 +1,74 @@
 """Pre-registration: a comparison's rules recorded before its sweep runs, and a sweep graded against them.
 
     minillm-plan PLAN.yaml --sweep NAME [--logs logs] [--force]    records logs/NAME/plan.json
-    minillm-report logs/NAME/multiruns/<id> --plan                         grades the sweep by the recorded rules
+    minillm-plan freeze --sweep NAME PILOT [--neighbours]          two-stage: fixes each value's lr from the pilot
+    minillm-report logs/NAME --plan                                grades the sweep by the recorded rules
 
 PLAN.yaml holds the question (FIELDS; factor, baseline, seeds and expected are required):
 
     question: Is RMSNorm as good as LayerNorm?    # free text, optional
+    design: two-stage             # default: a pilot chooses each lr, fresh seeds judge (minillm.analysis.design)
     factor: norm
     baseline: layernorm
-    metric: auto                  # default: test_loss, else final_val_loss; higher_is_better: false
-    margin: 0.02                  # default, in the metric's units
+    arms: [rmsnorm]               # two-stage: the family's arms
+    lr_grid: [1e-3, 3e-3, 1e-2]   # two-stage: the lrs the pilot runs
+    pilot_seeds: [0, 1, 2]        # two-stage: the pilot's seeds, disjoint from seeds
+    seeds: [10, 11, 12, 13, 14, 15, 16, 17]   # the judged seeds (two-stage: the freeze takes as many as it needs)
+    margin: 0.02                  # in the metric's units; no default under two-stage
     alpha: 0.05                   # default: the family-wise error of the words
-    lr: tuned                     # tuned (default) | common | a learning rate
-    seeds: [0, 1, 2, 3, 4, 5, 6, 7]
+    metric: auto                  # default: test_loss, else final_val_loss; higher_is_better: false
     expected: {rmsnorm: equivalent}   # per arm: better | worse | equivalent
-    # and any other rule of minillm.analysis.rules.Rules (lr_choice, failures, adjust, equivalence, stability, ...)
+    # single-stage: lr (tuned | common | a learning rate) and any other rule of minillm.analysis.rules.Rules
 
-plan.json keeps the validated plan, the YAML's text, its sha256, the UTC time it was recorded and the rules version.
-Grading takes the rules from the recorded text (whatever the command line or the YAML file now say; a field the text
-leaves out takes the default of the recorded rules version, so a plan recorded before the versions is graded by the
-rules of its time), leaves out runs of seeds the plan
-did not list, and records: the plan's hash, whether the YAML file changed since (its sha256 differs), whether
-plan.json itself still matches its hash, the runs whose ``started_at`` precedes the recording (a warning on each
-verdict they enter), planned seeds an arm lacks, and whether each verdict is the one expected.
+plan.json (minillm.analysis.plan_record) keeps every stage: the validated plan, the YAML's text, its sha256, the UTC
+time it was recorded and the rules version; the freeze; each --force a new version, the old ones kept, each stage
+hash-chained to the one before. Grading takes the rules of the current version's recorded text (whatever the
+command line or the YAML file now say; a field the text leaves out takes the default of the recorded rules version,
+so a plan recorded before the versions is graded by the rules of its time), leaves out runs of seeds the plan did not
+list, and records: the plan's hash, whether the YAML file changed since (its sha256 differs), whether plan.json
+itself still matches its hash, the runs whose ``started_at`` precedes the recording (a warning on each verdict they
+enter), planned seeds an arm lacks, and whether each verdict is the one expected. A two-stage plan is graded on its
+judged runs after its design is verified (minillm.analysis.design_check).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from minillm.analysis import design, design_check, plan_record
+from minillm.analysis.plan_record import PlanError, number, parse_time, sha256, utc_now
 from minillm.analysis.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, VERSION, CompareError, Rules
-from minillm.analysis.runs import label
+from minillm.analysis.runs import RunsError, label, load_runs, records_of
 from minillm.analysis.strata import matches
 from minillm.errors import ArgumentParser
 from minillm.files import write_json
 
 # the rules a plan may fix, with the engine's defaults (minillm.analysis.rules.Rules); a plan recorded before the rules
-# had a
-# version is graded with the rules of that time (REGISTERED_BEFORE) for every field its text does not set
+# had a version is graded with the rules of that time (REGISTERED_BEFORE) for every field its text does not set
 PLAN_RULES = ("metric", "higher_is_better", "margin", "alpha", "lr", "lr_choice", "failures", "adjust", "equivalence",
               "paired_by", "interval", "window_error", "stability", "tolerance", "range_margin", "rate_margin")
 DEFAULTS = {name: getattr(Rules(), name) for name in PLAN_RULES}
 RULES_VERSION = VERSION  # plan.json's rules_version (minillm.analysis.rules.VERSION); none: the rules before 2
 REQUIRED = ("factor", "baseline", "seeds", "expected")
-FIELDS = ("question", *REQUIRED, *DEFAULTS)
+FIELDS = ("question", *REQUIRED, *DEFAULTS, *design.FIELDS)
 EXPECTED = ("better", "worse", "equivalent")
 RULES = ("factor", "baseline", *DEFAULTS)  # what compare() takes from a plan
 NUMBERS = ("margin", "alpha", "tolerance", "range_margin", "rate_margin")
 FLAGS = ("higher_is_better", "window_error", "stability")
 BEFORE = "started before the plan was recorded"
+__all__ = ["PlanError", "grade", "apply", "parse_plan", "record_plan", "freeze_plan", "read_record", "main"]
 
 
-class PlanError(ValueError):
-    """A plan that cannot be recorded or read; the message names the file and the field."""
-
-
-def _number(value: Any) -> float | None:
-    """A YAML number (PyYAML reads 3e-3 as text) or None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DEFAULTS) -> dict:
-    """The plan of a YAML text, checked and with ``defaults`` filled in; PlanError naming the field otherwise."""
+def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DEFAULTS,
+               version: int = RULES_VERSION, designs: bool = True) -> dict:
+    """The plan of a YAML text, checked and with ``defaults`` filled in; PlanError naming the field otherwise.
+    From rules version 3 on the plan names its design (two-stage unless it says single-stage); ``designs`` False:
+    a plan recorded before the designs (single-stage, without the field)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -86,9 +79,11 @@ def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DE
     def bad(field: str, allowed: str) -> PlanError:
         return PlanError(f"{source}: {field}={raw.get(field)!r} is invalid; allowed: {allowed}")
 
-    unknown = sorted(set(map(str, raw)) - set(FIELDS))
+    designs = designs and version >= 3
+    fields = FIELDS if designs else FIELDS[:-len(design.FIELDS)]
+    unknown = sorted(set(map(str, raw)) - set(fields))
     if unknown:
-        raise PlanError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+        raise PlanError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(fields)}")
     missing = [f for f in REQUIRED if raw.get(f) in (None, "", [], {})]
     if missing:
         raise PlanError(f"{source}: {', '.join(missing)} missing; a plan needs {', '.join(REQUIRED)}")
@@ -103,10 +98,10 @@ def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DE
         if not isinstance(plan[field], bool):
             raise bad(field, "true or false")
     for field in NUMBERS:
-        number = _number(plan[field])
-        plan[field] = number if number is not None else plan[field]
+        value = number(plan[field])
+        plan[field] = value if value is not None else plan[field]
     if plan["lr"] not in LR_RULES:
-        lr = _number(plan["lr"])
+        lr = number(plan["lr"])
         plan["lr"] = lr if lr is not None else plan["lr"]
     try:
         Rules(**{k: plan[k] for k in RULES}).check()
@@ -123,6 +118,9 @@ def parse_plan(text: str, source: str = "plan", defaults: Mapping[str, Any] = DE
     plan["expected"] = {label(k): v for k, v in expected.items()}
     if "question" in plan and not isinstance(plan["question"], str):
         raise bad("question", "text")
+    if designs:
+        plan["design"] = plan.get("design", design.default_design(version))
+        design.check_fields(raw, plan, source, bad)
     return plan
 
 
@@ -150,16 +148,9 @@ def recorded_version(record: Mapping) -> int:
     return version if isinstance(version, int) else 2
 
 
-def _sha256(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def record_plan(plan_file: str | Path, sweep: str, logs: str | Path = "logs", force: bool = False) -> Path:
-    """Check PLAN.yaml and write ``<logs>/<sweep>/plan.json``; an existing one is replaced only with ``force``."""
+    """Check PLAN.yaml and record it in ``<logs>/<sweep>/plan.json``; a plan already there is kept and this one
+    appended as its next version only with ``force``."""
     plan_file = Path(plan_file)
     if not plan_file.is_file():
         raise PlanError(f"{plan_file}: no such file")
@@ -172,12 +163,32 @@ def record_plan(plan_file: str | Path, sweep: str, logs: str | Path = "logs", fo
         raise PlanError(f"{plan_file}: not UTF-8 text") from None
     plan = parse_plan(text, str(plan_file))
     path = Path(logs) / sweep / "plan.json"
-    if path.exists() and not force:
-        raise PlanError(f"{path} already holds a plan (recorded {read_record(path).get('recorded_at')}); a plan is "
-                        "recorded once, before its runs: pass --force to replace it")
-    record = {"sweep": sweep, "plan": plan, "plan_file": str(plan_file.resolve()), "plan_sha256": _sha256(data),
-              "recorded_at": _utc_now(), "plan_text": text, "rules_version": RULES_VERSION}
-    return write_json(path, record)
+    before = read_record(path) if path.exists() else None
+    if before is not None and not force:
+        raise PlanError(f"{path} already holds a plan (recorded {plan_record.current(before)[0].get('recorded_at')});"
+                        " a plan is recorded once, before its runs: pass --force to record a new version (the old "
+                        "ones are kept)")
+    version = 1 + max((s.get("version", 1) for s in plan_record.stages_of(before)), default=0) if before else 1
+    stage = {"stage": "plan", "version": version, "sweep": sweep, "plan": plan, "plan_file": str(plan_file.resolve()),
+             "plan_sha256": sha256(data), "recorded_at": utc_now(), "plan_text": text, "rules_version": RULES_VERSION}
+    return write_json(path, plan_record.append(before, sweep, stage))
+
+
+def freeze_plan(sweep: str, pilot_dirs: Sequence[str | Path], logs: str | Path = "logs",
+                neighbours: bool = False) -> tuple[Path, dict]:
+    """Append the freeze stage of ``<logs>/<sweep>/plan.json``'s two-stage plan from the pilot runs under
+    ``pilot_dirs`` (minillm.analysis.design.freeze); (plan.json, the stage)."""
+    path = Path(logs) / sweep / "plan.json"
+    if not path.is_file():
+        raise PlanError(f"{path}: no plan recorded; record one first: minillm-plan PLAN.yaml --sweep {sweep}")
+    record = read_record(path)
+    try:
+        records = records_of(load_runs(pilot_dirs))
+    except (FileNotFoundError, RunsError) as err:
+        raise PlanError(f"pilot: {err}") from None
+    stage = design.freeze(record, records, pilot_dirs, path, neighbours)
+    write_json(path, plan_record.append(record, sweep, stage))
+    return path, stage
 
 
 def read_record(path: str | Path) -> dict:
@@ -185,9 +196,7 @@ def read_record(path: str | Path) -> dict:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise PlanError(f"{path}: not a readable plan.json ({err})") from None
-    if not all(k in record for k in ("plan", "plan_sha256", "recorded_at", "plan_text")):
-        raise PlanError(f"{path}: not a plan.json written by minillm-plan")
-    return record
+    return plan_record.check(record, path)
 
 
 def find_record(sweep_dirs: Sequence[str | Path], given: str | None = None) -> Path:
@@ -207,43 +216,48 @@ def find_record(sweep_dirs: Sequence[str | Path], given: str | None = None) -> P
                     "'minillm-plan PLAN.yaml --sweep NAME' before the runs, or give its path")
 
 
-def _time(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def grade(record: Mapping, records: Sequence[Mapping], path: str | Path = "plan.json") -> tuple[dict, list, Any, dict]:
-    """(the compare() rules of the recorded plan, the runs of planned seeds, a run_check that flags runs started
-    before the plan, the plan's facts for the report)."""
-    plan = parse_plan(record["plan_text"], f"{path} (its recorded plan)", recorded_defaults(record))
-    recorded = _time(record["recorded_at"])
-    plan_file = Path(record.get("plan_file") or "")
-    now = _sha256(plan_file.read_bytes()) if plan_file.is_file() else None
+    """(the compare() rules of the recorded plan's current version, the runs it judges, a run_check that flags runs
+    started before the plan, the plan's facts for the report)."""
+    stage, frozen = plan_record.current(record)
+    version = recorded_version(stage)
+    plan = parse_plan(stage["plan_text"], f"{path} (its recorded plan)", recorded_defaults(stage), version,
+                      designs=plan_record.staged(record))
+    recorded = parse_time(stage["recorded_at"])
+    plan_file = Path(stage.get("plan_file") or "")
+    now = sha256(plan_file.read_bytes()) if plan_file.is_file() else None
 
     def before(r: Mapping) -> bool:
-        started = _time(r.get("started_at"))
+        started = parse_time(r.get("started_at"))
         return started is not None and recorded is not None and started < recorded
 
-    info = {"path": str(path), "plan_hash": record["plan_sha256"], "recorded_at": record["recorded_at"],
-            "plan_file": str(plan_file), "plan_file_changed": None if now is None else now != record["plan_sha256"],
-            "plan_record_intact": _sha256(record["plan_text"]) == record["plan_sha256"]
-            and record.get("plan") == plan, "question": plan.get("question"), "seeds": plan["seeds"],
-            "expected": plan["expected"],
+    info = {"path": str(path), "plan_hash": stage["plan_sha256"], "recorded_at": stage["recorded_at"],
+            "plan_file": str(plan_file), "plan_file_changed": None if now is None else now != stage["plan_sha256"],
+            "plan_record_intact": sha256(stage["plan_text"]) == stage["plan_sha256"]
+            and stage.get("plan") == plan and plan_record.chain_intact(record), "question": plan.get("question"),
+            "seeds": plan["seeds"], "expected": plan["expected"],
             "runs_before_plan": sorted(str(r.get("run_dir")) for r in records if before(r)),
             "runs_without_start_time": sorted(str(r.get("run_dir")) for r in records
-                                              if _time(r.get("started_at")) is None),
+                                              if parse_time(r.get("started_at")) is None),
             "unplanned_runs": sorted(str(r.get("run_dir")) for r in records if r.get("seed") not in plan["seeds"])}
     info["all_runs_after_plan"] = not info["runs_before_plan"] and not info["runs_without_start_time"]
+    if plan_record.staged(record):  # which version graded it, and that stage's hash
+        graded_by = frozen or stage
+        info.update(version=stage["version"], versions=sum(s.get("stage") == "plan" for s in record["stages"]),
+                    stage=graded_by["stage"], stage_sha256=plan_record.stage_sha256(graded_by))
+    rules = {**{k: plan[k] for k in RULES}, "version": version}
+    if plan.get("design") == design.DESIGNS[0]:
+        kept, facts = design_check.judge(plan, frozen, records, record.get("sweep") or stage.get("sweep"), path)
+        info.update(facts, unplanned_runs=sorted(str(r.get("run_dir")) for r in records
+                                                 if r.get("seed") not in [*plan["seeds"], *plan["pilot_seeds"]]))
+        return rules, kept, None, info
     kept = [r for r in records if r.get("seed") in plan["seeds"]]
-    rules = {**{k: plan[k] for k in RULES}, "version": recorded_version(record)}
     return rules, kept, (lambda r: BEFORE if before(r) else None), info
 
 
 def apply(result: dict, info: Mapping) -> dict:
     """Add the plan's facts to a compare() result: per comparison plan_hash, expected, as_expected and warnings
-    for a changed plan and missing planned seeds."""
+    for a changed plan and missing planned seeds; under a two-stage design whether it is pre-registered."""
     result["plan"] = dict(info)
     result["plan_hash"] = info["plan_hash"]
     shared = []
@@ -265,23 +279,75 @@ def apply(result: dict, info: Mapping) -> dict:
                  as_expected=None if expected is None else c["verdict"] == expected)
         c["warnings"] = [*c["warnings"], *shared, *missing]
     result["plan"]["expected_without_runs"] = sorted(set(info["expected"]) - seen)
+    if info.get("design") == design.DESIGNS[0]:
+        design_check.mark(result, info)
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _record_main(argv: Sequence[str]) -> None:
     parser = ArgumentParser(prog="minillm-plan", description=__doc__.split("\n")[0],
-                                     epilog="PLAN.yaml's fields: " + ", ".join(FIELDS) + " (docs/comparing.md)")
+                            epilog="PLAN.yaml's fields: " + ", ".join(FIELDS) + " (docs/comparing.md). After a "
+                            "two-stage plan's pilot: minillm-plan freeze --sweep NAME PILOT")
     parser.add_argument("plan_file", type=Path, metavar="PLAN.yaml")
     parser.add_argument("--sweep", required=True, help="the sweep's name (train.py's name=...): the plan goes to "
                                                        "<logs>/<sweep>/plan.json")
     parser.add_argument("--logs", type=Path, default=Path("logs"), help="the log folder (default: logs)")
-    parser.add_argument("--force", action="store_true", help="replace an existing plan.json")
+    parser.add_argument("--force", action="store_true", help="record a new version of an existing plan.json (the "
+                                                             "old ones are kept)")
     args = parser.parse_args(argv)
     existed = (args.logs / args.sweep / "plan.json").exists()
     try:
         path = record_plan(args.plan_file, args.sweep, args.logs, args.force)
     except PlanError as err:
         parser.error(str(err))
-    record = read_record(path)
-    print(f"{'replaced (--force)' if existed else 'recorded'} {path}: sha256 {record['plan_sha256'][:12]}, "
-          f"{record['recorded_at']}; grade the sweep with: minillm-report <sweep folder> --plan")
+    stage, _ = plan_record.current(read_record(path))
+    done = f"recorded version {stage['version']} (--force)" if existed else "recorded"
+    print(f"{done} {path}: sha256 {stage['plan_sha256'][:12]}, {stage['recorded_at']}")
+    if stage["plan"].get("design") == design.DESIGNS[0]:
+        print("the pilot (then freeze it: minillm-plan freeze --sweep "
+              f"{args.sweep} {args.logs / args.sweep}):\n  {design.pilot_command(stage['plan'], args.sweep)}")
+    else:
+        print("grade the sweep with: minillm-report <sweep folder> --plan")
+
+
+def _freeze_main(argv: Sequence[str]) -> None:
+    parser = ArgumentParser(prog="minillm-plan freeze", description="Fix a two-stage plan's design from its pilot: "
+                            "each value's lr, the pilot's spread and the judged seeds (appended to plan.json).")
+    parser.add_argument("pilot", type=Path, nargs="+", metavar="PILOT", help="folder(s) holding the pilot's runs "
+                        "(e.g. logs/NAME: only the plan's pilot seeds, family and lr grid are read)")
+    parser.add_argument("--sweep", required=True, help="the sweep's name: its plan is <logs>/<sweep>/plan.json")
+    parser.add_argument("--logs", type=Path, default=Path("logs"), help="the log folder (default: logs)")
+    parser.add_argument("--neighbours", action="store_true", help="also judge each value at the grid lrs beside its "
+                        "chosen one (lr ± 1 grid step)")
+    args = parser.parse_args(argv)
+    try:
+        path, stage = freeze_plan(args.sweep, args.pilot, args.logs, args.neighbours)
+    except PlanError as err:
+        parser.error(str(err))
+    lrs = ", ".join(f"{v} {label(lr)}" for v, lr in stage["lrs"].items())
+    spread = "; ".join(f"{arm} sd {s['sd']:.4g} (upper {100 * s['confidence']:.0f}% bound {s['sd_upper']:.4g}, "
+                       f"{s['pairs']} pairs)" if s["sd"] is not None else f"{arm}: no spread ({s['pairs']} pairs)"
+                       for arm, s in stage["spread"].items())
+    print(f"froze version {stage['version']} of {path}: lrs {lrs}; pilot spread {spread}; "
+          f"{len(stage['judged_seeds'])} judged seeds ({', '.join(map(str, stage['judged_seeds']))})")
+    for warning in stage["warnings"]:
+        print(f"warning: {warning}")
+    print("the judged runs, one command per value:")
+    for command in stage["commands"]:
+        print(f"  {command}")
+    print(f"then: minillm-report {args.logs / args.sweep} --plan")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """minillm-plan PLAN.yaml --sweep NAME (record), or minillm-plan freeze --sweep NAME PILOT (two-stage)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "freeze" and not Path("freeze").is_file():
+        _freeze_main(argv[1:])
+    else:
+        _record_main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from minillm.analysis import lr_curves, plans
+from minillm.analysis import design_check, lr_curves, plans
 from minillm.analysis.compare import compare, some
 from minillm.analysis.rules import ADJUSTS, EQUIVALENCE, FAILURES, INTERVALS, LR_CHOICES, OPTIONS, CompareError, Rules
 from minillm.analysis.runs import label, records_of
@@ -165,7 +165,8 @@ def sentence(c: dict, result: dict) -> str:
     diff = ("no difference to show" if c["diff"] is None else
             f"{result['metric']} {c['diff']:+.4f} [{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] ({c['ci_method']}, "
             f"{n}{adjusted})")
-    text = f"{head}{where}: {diff}"
+    estimand = f" ({c['estimand']})" if c.get("estimand") else ""
+    text = f"{head}{where}{estimand}: {diff}"
     fails = c["fail_arm"] or c["fail_baseline"]
     if fails and result["failures_rule"] == "penalize":
         text += (f"; it failed in {c['fail_arm']} of {c['n_arm']} runs (baseline {c['fail_baseline']} of "
@@ -182,6 +183,8 @@ def sentence(c: dict, result: dict) -> str:
         text += f"; about {c['seeds_needed']} pairs would decide{power}"
     if not c["informative"]:
         text += " (not informative: see the warnings)"
+    if c.get("preregistered") is False:
+        text += " (**not pre-registered**: the runs breach the frozen design, see the warnings)"
     return text + "."
 
 
@@ -190,7 +193,8 @@ def short_line(c: dict) -> str:
     where = f" ({_stratum(c)})" if c["stratum"] else ""
     diff = "-" if c["diff"] is None else f"{c['diff']:+.4f}"
     return (f"{label(c['arm'])}{where}: {c['verdict']} ({diff}; failed {c['fail_arm']}/{c['n_arm']} vs "
-            f"{c['fail_baseline']}/{c['n_baseline']})" + ("" if c["informative"] else " (not informative)"))
+            f"{c['fail_baseline']}/{c['n_baseline']})" + ("" if c["informative"] else " (not informative)")
+            + (" (not pre-registered)" if c.get("preregistered") is False else ""))
 
 
 def rules_text(result: dict) -> list[str]:
@@ -236,7 +240,8 @@ def markdown(result: dict) -> str:
                   f"{_fmt(plan['plan_record_intact'])}; runs started before the plan: "
                   f"{len(plan['runs_before_plan'])}" + (f" ({some(plan['runs_before_plan'])})"
                                                          if plan["runs_before_plan"] else "")
-                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."]
+                  + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."
+                  + design_check.report_text(plan)]
     header = ["arm", "stratum", "lr (arm / baseline)", "lr chosen", "pairs", "diff", "interval",
               "p (adjusted)" if not legacy(result) else "p (Holm)", "verdict", "failed (arm / baseline, Fisher p)",
               "seeds needed"] + (["expected"] if plan else [])
