@@ -10,17 +10,22 @@ order:
   recorded: listed twice it counts once (``duplicates``). A run stopped by a signal and not resumed (status
   preempted) has no outcome yet and is left out; runs that have not ended are listed by the caller
   (``unfinished``) and flag every comparison.
-- **Arms and strata.** The arms are the values of the factor other than the baseline. Every other setting that
-  still varies within an arm splits the runs into strata (strata_keys: the summary's config keys and every key of
-  its ``settings``; never seed, lr, or the labels name and tags), each comparing its arms with its own baseline.
+- **The summaries** are checked against minillm.schema (required fields, types): another is CompareError.
+- **Arms and strata.** The arms are the values of the factor other than the baseline; under rules version 3 a
+  value's variants in settings tied to it (minillm.analysis.arms: PowerNorm with and without group scaling) are
+  arms of their own. Every other setting that still varies within an arm splits the runs into strata
+  (strata_keys: the summary's config keys and every key of its ``settings``; never seed, lr, or the labels name and
+  tags), each comparing its arms with its own baseline.
 - **The metric.** ``auto``: the held-out test loss where every compared run that trained has one, else the final
   val loss. A failed run (minillm.outcome: diverged, crashed, not trained, stalled at the unigram loss) enters a
   loss at ln V, the loss of a uniform guess (``failures`` penalize), so every seed pair stays and an arm that fails
   more is worse; ``drop`` compares the survivors only. A metric not in nats has no penalty: failures left out.
 - **The learning rate** (minillm.analysis.lr_choice): tuned, common or given; chosen on the validation loss where the
-verdict
-  reads the test loss, or cross-fitted across the halves of the seeds when asked.
-- **The difference** arm - baseline: paired by seed (auto when the two share a seed), the t interval of the paired
+  verdict reads the test loss, or cross-fitted across the halves of the seeds when asked; version 3 chooses it for
+  each (arm, baseline) pair and labels a word from an lr chosen on the judged runs exploratory, or tests the whole
+  grid with the choice in it (selection-aware: minillm.analysis.selection).
+- **The difference** arm - baseline: paired by seed (auto when the two share a seed; version 3: at least 3 seeds
+  holding most runs of each), the t interval of the paired
   differences, else Welch's; a BCa bootstrap interval from 8 differences; with ``window_error`` the sampling error
   of the evaluation windows added.
 - **The words** (minillm.analysis.stats.decide): the test of no difference and the equivalence test (TOST at alpha),
@@ -43,11 +48,12 @@ from typing import Any
 
 import numpy as np
 
-from minillm.analysis import lr_choice, lr_curves, stats
+from minillm.analysis import arms, lr_choice, lr_curves, selection, stats
 from minillm.analysis.rules import Rules, failed, penalized, value_of
 from minillm.analysis.runs import eval_windows, group_runs, hashable, label, records_of, sort_key, without_duplicates
 from minillm.analysis.strata import (
     check_request,
+    check_summaries,
     environment_warnings,
     resolve_metric,
     strata_keys,
@@ -93,15 +99,17 @@ def improvement_share(a_vals: Sequence[float], b_vals: Sequence[float], paired: 
     return float(better.mean() + 0.5 * (d == 0).mean())
 
 
-def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, rules: Rules) -> dict:
-    """The comparison of one arm's runs with the baseline's (each seed at its compared lr): the difference, its
-    intervals and tests, failures and warnings (fields of verdicts.json, without arm, stratum, lrs and the words,
-    which need the whole family)."""
+def compared_values(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, rules: Rules) -> dict:
+    """The values a comparison reads: arm and baseline (seed means in seed order when paired), whether paired, the
+    seeds paired and the warnings of the pairing."""
     warnings: list[str] = []
     a_seed, a_all, a_rep = _by_seed(arm, metric, rules)
     b_seed, b_all, b_rep = _by_seed(base, metric, rules)
     shared = (a_all & b_all) - {None}
     paired = rules.paired_by == "seed" or (rules.paired_by == "auto" and bool(shared))
+    if paired and rules.paired_by == "auto" and rules.version >= 3 and (why := arms.unpaired_reason(arm, base)):
+        paired = False
+        warnings.append(why)
     for who, rep in (("arm", a_rep), ("baseline", b_rep)):
         if rep:
             warnings.append(f"seeds with several runs in the {who} ({', '.join(map(label, rep))}): their mean is used")
@@ -117,12 +125,22 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, r
             warnings.append(f"seeds without a partner in the other arm, left out: {', '.join(map(label, alone))}")
         a_vals = [statistics.fmean(a_seed[s]) for s in seeds]
         b_vals = [statistics.fmean(b_seed[s]) for s in seeds]
-        t = stats.paired_t(a_vals, b_vals, rules.alpha)
     else:
         seeds = []
         a_vals = [v for vs in a_seed.values() for v in vs]
         b_vals = [v for vs in b_seed.values() for v in vs]
-        t = stats.welch_t(a_vals, b_vals, rules.alpha)
+    return {"a_vals": a_vals, "b_vals": b_vals, "paired": paired, "seeds": seeds, "warnings": warnings,
+            "pairs_left_out": pairs_left_out, "a_all": a_all, "b_all": b_all}
+
+
+def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, rules: Rules) -> dict:
+    """The comparison of one arm's runs with the baseline's (each seed at its compared lr): the difference, its
+    intervals and tests, failures and warnings (fields of verdicts.json, without arm, stratum, lrs and the words,
+    which need the whole family)."""
+    v = compared_values(arm, base, metric, rules)
+    a_vals, b_vals, paired, seeds, warnings = v["a_vals"], v["b_vals"], v["paired"], v["seeds"], v["warnings"]
+    a_all, b_all, pairs_left_out = v["a_all"], v["b_all"], v["pairs_left_out"]
+    t = stats.paired_t(a_vals, b_vals, rules.alpha) if paired else stats.welch_t(a_vals, b_vals, rules.alpha)
     windowed, why = (_window_interval(arm, base, metric, a_vals, b_vals, paired, rules) if rules.window_error
                      else (None, None))
     warnings += [why] if why else []
@@ -264,10 +282,14 @@ def compare(runs: Iterable[Any], factor: str | None = None, baseline: Any = None
     cannot answer."""
     rules = (rules or Rules()).with_(**{k: v for k, v in (("factor", factor), ("baseline", baseline)) if v is not None},
                                      **changes)
+    runs = list(runs)
+    check_summaries(runs)
     found, duplicates = without_duplicates(records_of(runs))
     records = [r for r in found if r.get("status") != "preempted"]
     metric, metric_note = resolve_metric(records, rules.metric)
     base_value = check_request(records, rules, metric)
+    v3 = rules.version >= 3
+    records, options = arms.with_options(records, rules.factor, base_value) if v3 else (records, {})
     keys = strata_keys(records, rules.factor)
     comparisons, notes = [], [n for n in (metric_note,) if n]
     for members in group_runs(records, keys).values():
@@ -279,11 +301,16 @@ def compare(runs: Iterable[Any], factor: str | None = None, baseline: Any = None
         if base not in by_value or len(by_value) < 2:
             notes.append(f"nothing compared{where}: {'no baseline run' if base not in by_value else 'no other arm'}")
             continue
-        choice = lr_choice.choose(by_value, rules.lr, rules.lr_choice, metric, where)
+        family_choice = None if v3 else lr_choice.choose(by_value, rules.lr, rules.lr_choice, metric, where)
         for value in by_value:
             if value == base:
                 continue
+            choice = family_choice or lr_choice.choose({value: by_value[value], base: by_value[base]}, rules.lr,
+                                                       rules.lr_choice, metric, where)  # v3: each pair its own
             result = compare_pair(choice.runs[value], choice.runs[base], metric, rules)
+            if choice.how == selection.SELECTION_AWARE:
+                result = selection.compare_grid(by_value[value], by_value[base], result, rules,
+                                                lambda a, b: compared_values(a, b, metric, rules))
             flagged = defaultdict(list)
             for r in [*choice.runs[value], *choice.runs[base]] if run_check else []:
                 if message := run_check(r):
@@ -298,7 +325,9 @@ def compare(runs: Iterable[Any], factor: str | None = None, baseline: Any = None
                                 "arm_lr": choice.lrs[value], "baseline_lr": choice.lrs[base], **result,
                                 "lr_choice": choice.record(),
                                 "arm_lr_grid": {label(k): v for k, v in choice.grids[value].items()},
-                                "baseline_lr_grid": {label(k): v for k, v in choice.grids[base].items()}})
+                                "baseline_lr_grid": {label(k): v for k, v in choice.grids[base].items()},
+                                **({**selection.exploratory(choice), "arm_value": options[value]["value"],
+                                    "arm_options": options[value]["options"]} if v3 else {})})
     assign_words(comparisons, rules)
     stable = lr_curves.stability(records, rules, metric, keys, base_value) if rules.stability else None
     return {**rules.as_dict(), "baseline": base_value, "metric": metric, "metric_rule": rules.metric,

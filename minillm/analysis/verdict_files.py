@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "best on average), or a learning rate")
     g.add_argument("--lr-choice", choices=LR_CHOICES, help="the data a tuned or common lr is chosen on (default auto: "
                    "the validation loss where the verdict reads the test loss, else the judging runs, with a "
-                   "warning; crossfit: each half of the seeds judged at the lr the other half chose)")
+                   "warning; crossfit: each half of the seeds judged at the lr the other half chose; these words are "
+                   "exploratory); selection-aware: each arm's best lr against the baseline's over the whole grid, "
+                   "the choice in the test")
     g.add_argument("--failures", choices=FAILURES, help="penalize (default: a failed run counts at ln V, every pair "
                    "stays) or drop (survivors only, labelled so)")
     g.add_argument("--no-adjust", dest="adjust", action="store_const", const=ADJUSTS[1], help="words at alpha for "
@@ -220,6 +222,18 @@ def rules_text(result: dict) -> list[str]:
     return lines
 
 
+def exploratory_text(result: dict) -> list[str]:
+    """The paragraph saying which words the report's promise does not cover (rules version 3)."""
+    found = [c for c in result["comparisons"] if c.get("exploratory")]
+    if not found:
+        return []
+    return ["", f"**Exploratory**: {len(found)} of the {len(result['comparisons'])} words come from an lr chosen on "
+                "the runs they judge (" + "; ".join(sorted({c["exploratory_reason"] for c in found}))
+            + "). Such a choice favours an arm with a flat loss-vs-lr curve, so the promise above (the chance of any "
+              "false word at most alpha) does not cover these words: confirm them at fixed lrs on fresh seeds, or "
+              "test the whole grid with --lr-choice selection-aware."]
+
+
 def _lr_choice_text(c: dict) -> str:
     how = c.get("lr_choice") or {}
     return how.get("how", "-") + (f" ({how['chosen_on']})" if how.get("chosen_on") else "")
@@ -227,11 +241,13 @@ def _lr_choice_text(c: dict) -> str:
 
 def markdown(result: dict) -> str:
     lines = [f"# Verdicts: {result['factor']} against {label(result['baseline'])}", ""]
-    lines += [f"- {sentence(c, result)}" for c in result["comparisons"]] or ["- nothing compared"]
+    lines += [f"- {sentence(c, result)}" + (" *Exploratory*: the lr was chosen on the judged runs."
+                                            if c.get("exploratory") else "")
+              for c in result["comparisons"]] or ["- nothing compared"]
     if result.get("unfinished"):
         lines += ["", f"**{len(result['unfinished'])} run(s) of the sweep have not ended** (no summary.json yet, or "
                       f"the run's lock is held): {some(result['unfinished'])}. The verdicts may change."]
-    lines += [""] + rules_text(result)
+    lines += [""] + rules_text(result) + exploratory_text(result)
     plan = result.get("plan")
     if plan:
         lines += ["", f"**Pre-registered**: plan {plan['path']}, sha256 {plan['plan_hash'][:12]}, recorded "
@@ -249,7 +265,8 @@ def markdown(result: dict) -> str:
     for c in result["comparisons"]:
         interval = (f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] {c['ci_method']}" if c["ci_low"] is not None
                     else f"- ({c['ci_method']})")
-        ruling = f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
+        ruling = (f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
+                  + (" (exploratory)" if c.get("exploratory") else ""))
         adjusted = c["p_holm"] if legacy(result) else c.get("p_adjusted")
         row = [label(c["arm"]), _stratum(c), f"{_lr_text(c['arm_lr'])} / {_lr_text(c['baseline_lr'])}",
                _lr_choice_text(c), _fmt(c["n_pairs"]) if c["n_pairs"] is not None else "unpaired", _fmt(c["diff"]),
