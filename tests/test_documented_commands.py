@@ -14,7 +14,6 @@ from processes import cli
 
 DOCUMENTED = sorted({m for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
                      for m in re.findall(r"python -m (minillm(?:\.\w+)+)", doc.read_text())})
-NO_MAIN = "the module has no __main__ guard: `python -m` runs nothing (minillm-plan works)"
 
 
 def test_the_documented_modules_are_found():
@@ -22,8 +21,7 @@ def test_the_documented_modules_are_found():
         DOCUMENTED)
 
 
-@pytest.mark.parametrize("module", [pytest.param(m, marks=pytest.mark.xfail(reason=NO_MAIN, strict=False))
-                                    if m == "minillm.analysis.plans" else m for m in DOCUMENTED])
+@pytest.mark.parametrize("module", DOCUMENTED)
 def test_every_documented_module_runs_as_a_command(module, tmp_path, shared_cache, corpus):
     if module == "minillm.tools.harness":
         pytest.importorskip("lm_eval.api.registry")
@@ -58,11 +56,10 @@ def test_the_documented_report_command_writes_verdicts(tmp_path, shared_cache):
     assert [c["arm"] for c in result["comparisons"]] == ["rmsnorm"] and "stability_verdict" in result
 
 
-@pytest.mark.xfail(reason=NO_MAIN, strict=False)
 def test_the_documented_plan_command_records_a_plan(tmp_path, shared_cache):
     """docs/comparing.md: python -m minillm.analysis.plans plan.yaml --sweep <name>, then the sweep, then
     python -m minillm.analysis.report logs/<name>/multiruns/<id> --plan"""
-    (tmp_path / "plan.yaml").write_text("factor: norm\nbaseline: layernorm\nseeds: [0, 1, 2, 3]\n"
+    (tmp_path / "plan.yaml").write_text("design: single-stage\nfactor: norm\nbaseline: layernorm\nseeds: [0, 1, 2, 3]\n"
                                         "expected: {rmsnorm: equivalent}\n")
     out = cli(["-m", "minillm.analysis.plans", "plan.yaml", "--sweep", "s"], tmp_path, shared_cache)
     assert out.returncode == 0 and (tmp_path / "logs" / "s" / "plan.json").is_file(), out.output[-2000:]
