@@ -86,7 +86,7 @@ def test_verdicts_md_states_the_one_family(tmp_path, capsys):
     code, _, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm", "--stability"], capsys)
     assert code == 0, err
     md = (sweep / "report" / "verdicts.md").read_text()
-    assert "over one family of 4 tests (1 loss comparisons, 3 stability measures)" in md
+    assert "over one family of 4 tests (1 loss comparison, 3 stability measures)" in md
     assert "words adjusted in the report's one family of 4 tests" in md
     assert json.loads((sweep / "report" / "verdicts.json").read_text())["family"] == 4
 
@@ -161,6 +161,8 @@ def test_the_same_curve_shifted_one_grid_step_is_not_worse_lr_sensitivity():
     assert m["lr_range_decades"]["verdict"] not in ("worse", "better")
     (c,) = result["stability_verdict"]["comparisons"]
     assert any("best lrs differ (arm 0.03, baseline 0.01)" in w and "-2 to +1" in w for w in c["warnings"])
+    from minillm.analysis.verdict_files import markdown
+    assert "- qk (-): the arms' best lrs differ (arm 0.03, baseline 0.01)" in markdown(result)
 
 
 def test_a_failure_is_the_failure_rates_not_a_high_sensitivity():

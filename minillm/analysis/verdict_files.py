@@ -304,6 +304,8 @@ def stability_markdown(result: dict) -> list[str]:
                          f"{_fmt(e['baseline_mean'])} | {interval} | {_p(e['p'])} ({_p(e['p_adjusted'])}) | "
                          f"**{e['verdict']}**{'' if c['informative'] else ' (not informative)'} |")
     lines += [f"- {n}" for n in stab["notes"]]
+    if not v2(result):
+        lines += [f"- {label(c['arm'])} ({_stratum(c)}): {w}" for c in stab["comparisons"] for w in c["warnings"]]
     return lines
 
 

@@ -53,8 +53,10 @@ def _family_text(result: dict) -> str:
     fam, kinds = result.get("family", 1), result.get("family_tests", {})
     if result.get("adjust") == "none":
         return "The words are read at alpha for each test alone (--no-adjust)."
-    parts = [f"{kinds[k]} {name}" for k, name in (("loss", "loss comparisons"), ("failures", "failure counts"),
-                                                  ("stability", "stability measures")) if kinds.get(k)]
+    if fam <= 1:
+        return "One test: its word at alpha." if fam == 1 else "No test could be made: no word."
+    parts = [f"{kinds[k]} {name}{'s' if kinds[k] > 1 else ''}" for k, name in (
+        ("loss", "loss comparison"), ("failures", "failure count"), ("stability", "stability measure")) if kinds.get(k)]
     return (f"Every word of the report (loss, failures{', stability' if 'stability_verdict' in result else ''}) "
             f"keeps the family-wise error at {result['alpha']:g} over one family of {fam} tests"
             + (f" ({', '.join(parts)})" if parts else "") + ": one step-down over the tests of no difference and "
