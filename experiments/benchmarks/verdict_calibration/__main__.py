@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     if (args.sims is not None and args.sims < 10) or args.jobs < 1:
         parser.error(f"--sims {args.sims} / --jobs {args.jobs}: allowed: --sims >= 10, --jobs >= 1")
     work = [(i, s, args.sims or n) for i, (s, n) in enumerate(cells()) if not args.cells or s.key in args.cells]
-    start = time.time()
+    start, commit = time.time(), this_checkout()  # the code that runs, before anything is written
     if args.jobs == 1:
         found = [run_cell(w) for w in work]
     else:
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             found = list(pool.map(run_cell, work))
     command = "python -m experiments.benchmarks.verdict_calibration" + (f" --sims {args.sims}" if args.sims else "") \
         + (f" --cells {' '.join(args.cells)}" if args.cells else "")
-    result = {"alpha": sim.ALPHA, "margin": sim.MARGIN, "machine": machine(), "commit": this_checkout(),
+    result = {"alpha": sim.ALPHA, "margin": sim.MARGIN, "machine": machine(), "commit": commit,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "seconds": time.time() - start, "cpu_seconds": sum(c[0]["cpu_seconds"] for c in found),
               "command": command, "scenarios": [sim.as_dict(w[1]) for w in work],

@@ -19,31 +19,31 @@ LR_FAILURES = (0.0, 0.0, 0.0, 0.0, 0.1, 0.4, 0.8)  # the top lrs diverge more of
 
 
 def cells() -> Iterator[tuple[Scenario, int]]:
-    """(scenario, sweeps to simulate): 2,000 sweeps for a cell's 1-arm designs (Monte Carlo se 0.5 points at 5%),
-    1,000 for 3 or 5 arms (0.7 points)."""
+    """(scenario, sweeps to simulate): 3,000 sweeps for a 1-arm cell (Monte Carlo se 0.4 points at a rate of 5%),
+    1,500 for 3 or 5 arms (0.56 points); about 11 CPU minutes in all (README)."""
     for n in (4, 8, 12):
         yield Scenario(f"flat-{n}", f"flat arm, null, 7 lrs, {n} seeds", "a truly flat arm equal to the baseline at "
-                       "its optimum: any better / worse is false", seeds=n, designs=ALL, **FLAT), 2000
+                       "its optimum: any better / worse is false", seeds=n, designs=ALL, **FLAT), 3000
     yield Scenario("flat-8-shared", "flat arm, null, 7 lrs, 8 seeds, luck 90% shared", "the same with the arms' "
-                   "luck at an (lr, seed) mostly in common", seeds=8, designs=ALL, **{**FLAT, "shared_luck": 0.9}), 2000
+                   "luck at an (lr, seed) mostly in common", seeds=8, designs=ALL, **{**FLAT, "shared_luck": 0.9}), 3000
     yield Scenario("flat-5arms", "5 flat arms, null, 7 lrs, 8 seeds", "five truly flat arms equal at the optimum",
-                   arms=5, designs=ALL, **FLAT), 1000
+                   arms=5, designs=ALL, **FLAT), 1500
     for n in (8, 12):
         yield Scenario(f"flat-margin-{n}", f"flat arm worse by the margin, 7 lrs, {n} seeds", "equivalent is false",
-                       seeds=n, effect=MARGIN, effect_arms=1, designs=ALL, **FLAT), 2000
+                       seeds=n, effect=MARGIN, effect_arms=1, designs=ALL, **FLAT), 3000
     yield Scenario("flat-margin-12-shared", "flat arm worse by the margin, 7 lrs, 12 seeds, luck 90% shared",
                    "equivalent is false", seeds=12, effect=MARGIN, effect_arms=1, designs=ALL,
-                   **{**FLAT, "shared_luck": 0.9}), 2000
+                   **{**FLAT, "shared_luck": 0.9}), 3000
     for n in (3, 5, 8):
         yield Scenario(f"stability-{n}", f"--stability, identical arms, lr failures, {n} seeds", "every loss and "
                        "stability better / worse is false", seeds=n, stability=True, fail_by_lr=LR_FAILURES,
-                       **GRID), 2000
+                       **GRID), 3000
     yield Scenario("stability-3arms", "--stability, 3 identical arms, lr failures, 3 seeds", "the same with three "
-                   "arms", arms=3, seeds=3, stability=True, fail_by_lr=LR_FAILURES, **GRID), 1000
-    yield Scenario("null-5arms", "null, 5 arms, one lr, 8 seeds", "five arms equal to the baseline", arms=5), 2000
+                   "arms", arms=3, seeds=3, stability=True, fail_by_lr=LR_FAILURES, **GRID), 1500
+    yield Scenario("null-5arms", "null, 5 arms, one lr, 8 seeds", "five arms equal to the baseline", arms=5), 3000
     yield Scenario("null-t3", "null, 5 arms, one lr, 8 seeds, t(3) noise", "heavy-tailed seed and run noise", arms=5,
-                   noise="t3"), 1000
+                   noise="t3"), 1500
     yield Scenario("margin", "effect = margin, one lr, 8 seeds", "equivalent is false", effect=MARGIN,
-                   effect_arms=1), 2000
+                   effect_arms=1), 3000
     yield Scenario("fails", "arm fails 5 of 8, survivors -0.03, one lr", "failed runs make an arm worse, never "
-                   "better", fail_arm=0.625, survivor_effect=-0.03, effect_arms=1), 2000
+                   "better", fail_arm=0.625, survivor_effect=-0.03, effect_arms=1), 3000
