@@ -19,8 +19,8 @@ LR_FAILURES = (0.0, 0.0, 0.0, 0.0, 0.1, 0.4, 0.8)  # the top lrs diverge more of
 
 
 def cells() -> Iterator[tuple[Scenario, int]]:
-    """(scenario, sweeps to simulate): 3,000 sweeps for a 1-arm cell (Monte Carlo se 0.4 points at a rate of 5%),
-    1,500 for 3 or 5 arms (0.56 points); about 11 CPU minutes in all (README)."""
+    """(scenario, sweeps to simulate): 3,000 sweeps per cell (Monte Carlo se 0.4 points at a rate of 5%), 1,500 for
+    the costlier multi-arm lr-grid cells and the t(3) cell (0.56 points); the cost is in README.md."""
     for n in (4, 8, 12):
         yield Scenario(f"flat-{n}", f"flat arm, null, 7 lrs, {n} seeds", "a truly flat arm equal to the baseline at "
                        "its optimum: any better / worse is false", seeds=n, designs=ALL, **FLAT), 3000
