@@ -40,10 +40,14 @@ def cells() -> Iterator[tuple[Scenario, int]]:
                        **GRID), 3000
     yield Scenario("stability-3arms", "--stability, 3 identical arms, lr failures, 3 seeds", "the same with three "
                    "arms", arms=3, seeds=3, stability=True, fail_by_lr=LR_FAILURES, **GRID), 1500
+    yield Scenario("null-3", "null, 1 arm, one lr, 3 seeds", "no effect, the fewest seeds a verdict reads",
+                   seeds=3), 3000
     yield Scenario("null-5arms", "null, 5 arms, one lr, 8 seeds", "five arms equal to the baseline", arms=5), 3000
     yield Scenario("null-t3", "null, 5 arms, one lr, 8 seeds, t(3) noise", "heavy-tailed seed and run noise", arms=5,
                    noise="t3"), 1500
     yield Scenario("margin", "effect = margin, one lr, 8 seeds", "equivalent is false", effect=MARGIN,
                    effect_arms=1), 3000
+    yield Scenario("fails-equal", "failures equal (20%), one lr, 8 seeds", "both arms fail as often: no word is right "
+                   "but equivalent", fail_baseline=0.2, fail_arm=0.2), 3000
     yield Scenario("fails", "arm fails 5 of 8, survivors -0.03, one lr", "failed runs make an arm worse, never "
                    "better", fail_arm=0.625, survivor_effect=-0.03, effect_arms=1), 3000
