@@ -43,18 +43,20 @@ def pct(entry: dict | None) -> str:
 def table(result: dict) -> str:
     labelled = any(c.get("exploratory") for c in result["cells"])  # words outside the promise: a column of its own
     lines = ["| cell | design | sims | any false word | " + ("exploratory left out | " if labelled else "")
-             + "false better | false equivalent | false stability word | false about the best lrs | coverage | "
-             "bias (nats) | decided | CPU ms per sweep |", "|---" * (12 + labelled) + "|"]
+             + "false better | false equivalent | false stability word | false about the best lrs | "
+             "pilot off the baseline's best lr | coverage | bias (nats) | decided | CPU ms per sweep |",
+             "|---" * (13 + labelled) + "|"]
     for c in result["cells"]:
         if "skipped" in c:
-            lines.append(f"| {c['scenario']} | {c['design']} | - | skipped: {c['skipped']} |" + " |" * (8 + labelled))
+            lines.append(f"| {c['scenario']} | {c['design']} | - | skipped: {c['skipped']} |" + " |" * (9 + labelled))
             continue
         promised = f"{pct(c['promised_false'])} | " if labelled else ""
         stab = pct(c["stability_false"]) if c["stability_words"] else "-"
         bias = f"{c['bias']:+.4f}" if c["bias"] is not None else "-"
+        off = pct(c["pilot_off_best"]) if c["design"] == "two-stage" else "-"
         lines.append(f"| {c['scenario']} | {c['design']} | {c['sims']} | **{pct(c['family_false'])}** | {promised}"
                      f"{pct(c['false_better'])} | {pct(c['false_equivalent'])} | {stab} | {pct(c['false_vs_best'])} | "
-                     f"{pct(c['coverage'])} | {bias} | {pct(c['decided'])} | {c['ms_per_sweep']:.1f} |")
+                     f"{off} | {pct(c['coverage'])} | {bias} | {pct(c['decided'])} | {c['ms_per_sweep']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -73,7 +73,10 @@ def judged(scenario: sim.Scenario, design: str, runs: list[dict], pilot: list[di
         lrs = {arm: lr for (stratum, arm), lr in chosen.items() if stratum == f"p{k}"}
         truth.update({(arm, f"p{k}"): t for arm, t in sim.chosen_truths(scenario, lrs).items()})
     fixed = [r for r in runs if r["lr"] == chosen[(r["placement"], r["norm"])]]
-    return _judge(fixed, scenario), truth, best
+    report = _judge(fixed, scenario)
+    best_lr = min(scenario.grid, key=lambda lr: sim.expected(scenario, 0, lr))
+    report["pilot_baseline_off_best"] = any(lr != best_lr for (_, arm), lr in chosen.items() if arm == "baseline")
+    return report, truth, best
 
 
 @dataclass
@@ -95,12 +98,14 @@ class Tally:
     planted_right: int = 0
     decided: int = 0
     exploratory: int = 0
+    pilot_off_best: int = 0  # two-stage: sweeps whose pilot chose a baseline lr other than its best
     bias: float = 0.0
     words: dict[str, int] = field(default_factory=dict)
     stability_words: dict[str, int] = field(default_factory=dict)
 
     def add(self, result: Mapping, truth: Mapping, best: Mapping, planted: set[str]) -> None:
         self.reports += 1
+        self.pilot_off_best += bool(result.get("pilot_baseline_off_best"))
         wrong = against_best = better = equivalent = promised = False
         for c in result["comparisons"]:
             key = (c["arm"], (c["stratum"] or {}).get("placement", "p0"))
@@ -138,7 +143,7 @@ class Tally:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: rate(getattr(self, k), self.reports) for k in (
             "family_false", "promised_false", "loss_false", "stability_false", "false_better", "false_equivalent",
-            "false_vs_best")}
+            "false_vs_best", "pilot_off_best")}
         out.update(coverage=rate(self.covered, self.with_interval), power=rate(self.planted_right, self.planted),
                    decided=rate(self.decided, self.comparisons),
                    bias=self.bias / self.comparisons if self.comparisons else None,
