@@ -80,7 +80,7 @@ def figure(result: dict, path: Path) -> None:
     cells_ = [c for c in result["cells"] if "skipped" not in c]
     names = list(dict.fromkeys(c["scenario"] for c in result["cells"]))
     colors = {"default": "tab:orange", "two-stage": "tab:green", "selection-aware": "tab:blue"}
-    fig, ax = plt.subplots(figsize=(8.5, 0.36 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(10, 0.36 * len(names) + 1.6))
     for i, design in enumerate(designs.DESIGNS):
         mine = [c for c in cells_ if c["design"] == design]
         for c in mine:
@@ -100,6 +100,7 @@ def figure(result: dict, path: Path) -> None:
     ax.set_title(f"commit {result['commit']}, {result['date']}", fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    fig.subplots_adjust(left=0.36)  # room for the longest cell name
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
