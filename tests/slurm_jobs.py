@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 from filelock import FileLock
 from helpers import ROOT
 
@@ -103,3 +104,19 @@ def finish_within(pid: int, log: Path, timeout: float) -> tuple[int, str]:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     raise AssertionError(f"still running after {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+class PauseAt(L.Callback):
+    """In a job: after training step `step`, print `PAUSED <step>` and wait up to `seconds` for a stop signal (the
+    preemption callback has one), so that what the test sends from outside lands mid-run on any machine."""
+
+    def __init__(self, step: int, seconds: float = 90):
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step != self.step:
+            return
+        print(f"PAUSED {self.step}", flush=True)
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end and not any(getattr(c, "signum", None) for c in trainer.callbacks):
+            time.sleep(0.05)

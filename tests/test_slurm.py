@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import CONFIGS, ROOT
-from processes import cli, start, summaries
-from slurm_jobs import finish_within, sbatch, state, wait_until
+from helpers import CONFIGS, ROOT, logged, read_rows
+from processes import cli, environ, start, summaries
+from slurm_jobs import finish_within, sbatch, state, wait_ended, wait_until
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -108,3 +110,103 @@ def test_slurm_sweep_as_documented_completes_and_says_a_pending_reason_once(tmp_
     assert output.count("sacct answers nothing on this cluster") == 1
     (script,) = submitted_scripts(tmp_path)
     assert "#SBATCH --cpus-per-task=1\n" in script  # threads=1, no DataLoader workers
+
+
+# --- docs/scaling.md's sbatch script: two DDP tasks through srun, requeued mid-run --------------------------------
+
+# the script's lines a CPU node of this cluster changes: two tasks of one CPU, a tiny model on the test corpus
+SBATCH_CPU = {
+    "--ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=8": "--ntasks-per-node=2 --cpus-per-task=1",
+    "srun python train.py trainer=ddp trainer.devices=4 model=gpt125m":
+        "srun {python} {root}/train.py trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true"
+        " model=tiny data=files data.files=[{corpus}] logger=csv test=false data.batch_size=4 data.val_windows=4"
+        " trainer.max_steps=12 trainer.val_check_interval=4 callbacks.text_sample.max_new_tokens=8 threads=1 {extra}",
+}
+
+
+def doc_sbatch_script(folder: Path, corpus: Path, extra: str = "") -> Path:
+    """docs/scaling.md's sbatch script as written, with SBATCH_CPU's lines for this cluster, saved as big.sh."""
+    text = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "docs" / "scaling.md").read_text(), re.S)
+    script = text.group(1)
+    for old, new in SBATCH_CPU.items():
+        assert old in script, old
+        script = script.replace(old, new.format(python=sys.executable, root=ROOT, corpus=corpus, extra=extra))
+    path = folder / "big.sh"
+    path.write_text(script)
+    return path
+
+
+def job_env(cache: Path) -> dict[str, str]:
+    """The submitting shell's environment (sbatch passes it on), with the tests' helpers importable in the job."""
+    env = environ(cache, {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_doc_script(cwd: Path, corpus: Path, cache: Path, jobs: list[str], extra: str = "",
+                   during: Callable[[str], None] | None = None) -> tuple[str, Path]:
+    """Submit the script from cwd as the docs say (mkdir -p logs && sbatch big.sh), wait until it has ended; (job id,
+    its run folder). ``during(job id)`` runs while it is queued or running."""
+    cwd.mkdir(exist_ok=True)
+    (cwd / "logs").mkdir(exist_ok=True)
+    job = sbatch(doc_sbatch_script(cwd, corpus, extra), cwd, job_env(cache))
+    jobs.append(job)
+    if during is not None:
+        during(job)
+    final = wait_ended(job, timeout=400)
+    out = cwd / "logs" / f"slurm-{job}.out"
+    assert final in ("COMPLETED", ""), f"job {job} ended {final}:\n{out.read_text()[-3000:] if out.exists() else ''}"
+    return job, cwd / "logs" / "big" / "runs" / f"slurm-{job}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus, shared_cache):
+    """The doc's sbatch script run to its end, uninterrupted: (job id, run folder, the SLURM job's log)."""
+    from slurm_jobs import cancel
+
+    jobs: list[str] = []
+    cwd = tmp_path_factory.mktemp("sbatch")
+    try:
+        job, run = run_doc_script(cwd, corpus, shared_cache, jobs)
+    finally:
+        cancel(jobs)
+    return job, run, (cwd / "logs" / f"slurm-{job}.out").read_text()
+
+
+@pytest.mark.slow
+def test_doc_sbatch_script_trains_two_srun_tasks_in_one_run_folder(uninterrupted):
+    """Two tasks of one job (srun, Lightning's SLURM environment, DDP over gloo) train one run in one folder,
+    logs/big/runs/slurm-<job id>, with the batches of both processes."""
+    job, run, log = uninterrupted
+    assert sorted(p.name for p in run.parent.iterdir()) == [f"slurm-{job}"]
+    (summary,) = summaries(run)
+    assert summary["status"] in ("completed", "not_trained") and summary["steps"] == 12, summary
+    assert summary["tokens"] == 12 * 4 * 32 * 2  # both tasks' batches: 2 processes
+    assert "Starting with 2 processes" in log and "distributed_backend=gloo" in log
+    assert list((run / "checkpoints").glob("last.ckpt")) and not (run / "checkpoints" / "preempted.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_doc_sbatch_job_requeued_mid_run_resumes_to_the_same_losses(tmp_path, corpus, shared_cache, slurm_jobs,
+                                                                    uninterrupted):
+    """`scontrol requeue` while the job trains: SLURM stops both tasks (SIGTERM), they save preempted.ckpt after one
+    step they agree on and exit; the requeued job (same id, same folder) resumes with ckpt_path=auto and ends with
+    the losses of the uninterrupted job, bit for bit."""
+    def requeue_when_paused(job: str) -> None:
+        log = tmp_path / "logs" / f"slurm-{job}.out"
+        wait_until(lambda: log.exists() and "PAUSED 6" in log.read_text(), 300, "the job to reach step 6")
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+
+    job, run = run_doc_script(tmp_path, corpus, shared_cache, slurm_jobs, during=requeue_when_paused,
+                              extra="+callbacks.pause._target_=slurm_jobs.PauseAt +callbacks.pause.step=6")
+    log = (tmp_path / "logs" / f"slurm-{job}.out").read_text()
+    assert re.search(r"SIGTERM: stopped at step [67] and saved", log), log[-3000:]
+    assert log.count("Starting with 2 processes") == 2  # the job's two starts
+    (summary,) = summaries(run)
+    assert summary["steps"] == 12 and summary["status"] == uninterrupted_status(uninterrupted)
+    for key in ("train/loss", "val/loss"):
+        assert logged(read_rows(run), key) == logged(read_rows(uninterrupted[1]), key), key
+
+
+def uninterrupted_status(uninterrupted) -> str:
+    return summaries(uninterrupted[1])[0]["status"]
