@@ -210,3 +210,44 @@ def test_doc_sbatch_job_requeued_mid_run_resumes_to_the_same_losses(tmp_path, co
 
 def uninterrupted_status(uninterrupted) -> str:
     return summaries(uninterrupted[1])[0]["status"]
+
+
+@pytest.mark.slow
+def test_slurm_sweep_job_at_its_time_limit_saves_requeues_and_resumes_exactly(tmp_path, shared_cache, corpus):
+    """docs/scaling.md's launcher sweep with ckpt_path=auto, its job brought to its time limit mid-run (its limit
+    lowered to 2 minutes while it trains): SLURM sends the preset's USR2 (signal_delay_s=120 before the limit),
+    PreemptionCheckpoint saves preempted.ckpt, submitit requeues the job, the job resumes in its folder (the limit
+    set back, as a long job's last segment has time) and ends with the losses of an uninterrupted run."""
+    steps = ["trainer.max_steps=12", "trainer.val_check_interval=4"]
+    env = {**PASSED, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "tests"), PASSED.get("PYTHONPATH")) if p)}
+    pid, log = start(sweep_args(corpus, "ckpt_path=auto", *steps, "+callbacks.pause._target_=slurm_jobs.PauseAt",
+                                "+callbacks.pause.step=6"), tmp_path, shared_cache, **env)
+    job, code = "", None
+    try:
+        job_log = wait_until(lambda: next(iter(tmp_path.rglob(".submitit/*/*_0_log.out")), None), 120, "the job")
+        job = job_log.parent.name
+        wait_until(lambda: "PAUSED 6" in job_log.read_text(), 300, "the job to reach step 6")
+        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True, timeout=60)
+        wait_until(lambda: "Requeued job" in job_log.read_text(), 120, "the time limit's signal and the requeue")
+        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=240"], check=True, timeout=60)
+        code, output = finish_within(pid, log, 400)
+    finally:
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+        if code is None:  # a wait above failed: the submitter is still running
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert code == 0 and "Traceback" not in output, output[-3000:]
+    text = job_log.read_text()
+    assert "Caught signal SIGUSR2" in text and "SIGUSR2: stopped at step 6 and saved" in text, text[-3000:]
+    (run,) = [p.parent for p in (tmp_path / "logs").rglob("summary.json")]
+    (summary,) = summaries(run)
+    assert summary["steps"] == 12 and (run / "checkpoints" / "preempted.ckpt").is_file()
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    ref_args = [a for a in sweep_args(corpus, *steps) if a not in ("-m", "hydra/launcher=slurm")]
+    assert cli(ref_args, reference, shared_cache).returncode == 0
+    (ref_run,) = [p.parent for p in (reference / "logs").rglob("summary.json")]
+    assert summary["status"] == summaries(ref_run)[0]["status"]
+    for key in ("train/loss", "val/loss"):
+        assert logged(read_rows(run), key) == logged(read_rows(ref_run), key), key
