@@ -251,3 +251,26 @@ def test_slurm_sweep_job_at_its_time_limit_saves_requeues_and_resumes_exactly(tm
     assert summary["status"] == summaries(ref_run)[0]["status"]
     for key in ("train/loss", "val/loss"):
         assert logged(read_rows(run), key) == logged(read_rows(ref_run), key), key
+
+
+@pytest.mark.slow
+def test_slurm_sweep_whose_job_is_cancelled_ends_instead_of_waiting_forever(tmp_path, shared_cache, corpus):
+    """A sweep's job cancelled while it trains (scancel) leaves no result: on this cluster without accounting the
+    wait sees it leave the queue and the sweep ends with submitit's error (before: it waited for ever)."""
+    env = {**PASSED, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "tests"), PASSED.get("PYTHONPATH")) if p)}
+    pid, log = start(sweep_args(corpus, "trainer.max_steps=12", "+callbacks.pause._target_=slurm_jobs.PauseAt",
+                                "+callbacks.pause.step=6"), tmp_path, shared_cache, **env)
+    job, code = "", None
+    try:
+        job_log = wait_until(lambda: next(iter(tmp_path.rglob(".submitit/*/*_0_log.out")), None), 120, "the job")
+        job = job_log.parent.name
+        wait_until(lambda: "PAUSED 6" in job_log.read_text(), 300, "the job to reach step 6")
+        subprocess.run(["scancel", "--signal=KILL", job], check=True, timeout=60)
+        code, output = finish_within(pid, log, 180)
+    finally:
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+        if code is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert code != 0 and "has not produced any output" in output, output[-3000:]
