@@ -43,6 +43,7 @@ def left_behind(cwd: Path, log: str | None = None) -> list[str]:
                   if p.name != log and not (p.is_dir() and not any(p.iterdir())))
 
 
+MUP = ["model.parametrization=mup", "model.mup_base_width=32"]
 # (what the user typed, what the one line must say); {tmp} is the test's folder
 BAD_INPUT = [
     (["seed=-1"], "config error: seed=-1 is invalid; allowed: an integer >= 0 and <= 4294967295"),
@@ -77,6 +78,12 @@ BAD_INPUT = [
     (["optimizer._target_=torch.optim.Muon"], "config error: optimizer._target_=torch.optim.Muon would be given every "
                                               "parameter, but Muon only takes the 2-D hidden matrices; allowed: "
                                               "optimizer=muon"),
+    # muP's rule for the optimizer and a norm's own options: before the config tree, the W&B start and the data
+    (MUP + ["optimizer=muon", "optimizer.adjust_lr_fn=match_rms_adamw"],
+     "config error: optimizer.adjust_lr_fn='match_rms_adamw' is invalid; allowed: null or original with "
+     "model.parametrization=mup"),
+    (MUP + ["optimizer._target_=torch.optim.NAdam"], "config error: optimizer NAdam has no muP lr rule"),
+    (["norm=derf", "model.norm_options.alpha0=-1"], "config error: model.norm_options (derf): alpha0=-1 is invalid"),
     # the components' own checks (data, callbacks, module), before the config tree is printed
     (["data.seq_len=0"], "config error: data.seq_len=0 is invalid"),
     (["callbacks.text_sample.max_new_tokens=-1"], "config error: callbacks.text_sample.max_new_tokens=-1 is invalid"),
@@ -147,11 +154,17 @@ def test_bad_replay_input_is_one_line_exit_2_and_leaves_nothing(args, message, r
     assert left_behind(tmp_path, log.name) == [] and left_behind(replayable) == before  # no replay folder
 
 
-def test_a_model_config_error_comes_before_the_data_is_prepared(tmp_path, corpus):
-    """A BPE trains for minutes on a real corpus: a wrong model.dim must not wait for it."""
+@pytest.mark.parametrize("overrides, message", [
+    (["model.dim=33"], "config error: model.dim=33 is invalid"),
+    (["norm=derf", "model.norm_options.alpha0=0"], "config error: model.norm_options (derf): alpha0=0 is invalid"),
+    (MUP + ["optimizer=muon", "optimizer.adjust_lr_fn=match_rms_adamw"], "config error: optimizer.adjust_lr_fn="),
+], ids=["dim", "derf alpha0", "mup muon"])
+def test_a_model_config_error_comes_before_the_data_is_prepared(overrides, message, tmp_path, corpus):
+    """A BPE trains for minutes on a real corpus: a wrong model.dim, a norm's option or an optimizer muP has no rule
+    for must not wait for it."""
     cache = tmp_path / "cache"
-    out = cli(small(corpus, "data.tokenizer=bpe", "data.vocab_size=300", "model.dim=33"), tmp_path, cache)
-    assert out.returncode == 2 and "config error: model.dim=33 is invalid" in error_line(out.output)
+    out = cli(small(corpus, "data.tokenizer=bpe", "data.vocab_size=300", *overrides), tmp_path, cache)
+    assert out.returncode == 2 and message in error_line(out.output)
     assert not cache.exists() or not any(cache.iterdir())  # no token store was built
 
 

@@ -160,6 +160,17 @@ def is_bare_muon(target: object) -> bool:
     return (muon is not None and target is muon) or str(target) in ("torch.optim.Muon", "torch.optim._muon.Muon")
 
 
+def optimizer_kind(factory: object) -> str:
+    """What muP's lr rule (minillm.mup.hidden_lr_mult) calls an optimizer class: ``muon`` (one that splits off the
+    hidden matrices: MuonWithAdamW), ``adamw`` (torch's AdamW or Adam), else its class name."""
+    factory = getattr(factory, "func", factory)  # a partial (Hydra's _partial_)
+    if getattr(factory, "splits_hidden_matrices", False):
+        return "muon"
+    if factory in (torch.optim.AdamW, torch.optim.Adam):
+        return "adamw"
+    return getattr(factory, "__name__", str(factory))
+
+
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer of two: ``torch.optim.Muon`` (Jordan et al. 2024: momentum, then the update orthogonalized by
     Newton-Schulz iterations) for the 2-D hidden matrices, ``torch.optim.AdamW`` for the rest (embedding, head,

@@ -1,8 +1,8 @@
 """The checks of a run's config that no component makes: the top-level keys (seed, name, train, ...), the keys of
 the components minillm does not own (Lightning's Trainer, torch's optimizer: their own errors name no field),
 and the rules across groups. Each minillm component checks its own keys when it is built (ModelConfig, the
-norms, the data module, the callbacks); ``check_model`` builds the model config early, so its errors come before
-the data is tokenized.
+norms, the data module, the callbacks); ``check_model_early`` builds the model early (on the meta device), so its
+errors and its layers' come before the data is tokenized and before anything is written.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from minillm import _compat
+from minillm import _compat, mup
 from minillm.errors import (
     ConfigError,
     check_betas,
@@ -24,9 +26,9 @@ from minillm.errors import (
     check_number,
     invalid,
 )
-from minillm.model import PLACEMENTS
+from minillm.model import PLACEMENTS, Transformer
 from minillm.norms import batch_statistics
-from minillm.training.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda
+from minillm.training.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda, optimizer_kind
 from minillm.training.run.build import model_config, precision_plugins, trains_on_cpu
 
 PRECISIONS = _compat.lightning_precisions()  # Lightning's own list
@@ -162,12 +164,22 @@ def check_fused_norm(c: dict) -> None:
 
 
 def check_model_early(cfg: DictConfig) -> None:
-    """The model config's own checks before the data is prepared (a BPE may train for minutes first); the
-    vocabulary comes from the tokenizer, so model.vocab_size may only be given when it agrees (checked later)."""
+    """The model's own checks before the data is prepared (a BPE may train for minutes first) and before anything
+    is written: the model config's, every layer's (a norm's options: the model is built on the meta device, which
+    allocates and initializes nothing) and muP's rule for the optimizer. The vocabulary comes from the tokenizer,
+    so model.vocab_size may only be given when it agrees (checked later)."""
     given = cfg.model.get("vocab_size")
     if given is not None:
         check_int("model.vocab_size", given, low=1)
-    model_config(cfg, vocab_size=given or 256)
+    model = model_config(cfg, vocab_size=given or 256)
+    with torch.device("meta"):
+        Transformer(model)
+    optimizer = cfg.get("optimizer") or {}
+    try:
+        factory = get_object(str(optimizer.get("_target_")))
+    except Exception:  # noqa: BLE001  (instantiating it later says what is wrong with the _target_)
+        return
+    mup.hidden_lr_mult(model, optimizer_kind(factory), optimizer.get("adjust_lr_fn"))
 
 
 def warn_about_precision(cfg: DictConfig) -> None:
