@@ -190,6 +190,17 @@ def test_a_diverging_run_in_a_sweep_ends_as_diverged_and_the_sweep_goes_on(tmp_p
     assert by_precision["32-true"]["status"] in ("completed", "not_trained")
 
 
+def test_a_run_that_diverges_before_its_first_validation_leaves_no_non_finite_checkpoint(tmp_path, shared_cache,
+                                                                                        corpus):
+    """fp16 weights overflow at the first step, long before the validation at step 4: the fit's end must not save
+    those weights as last.ckpt (nothing good was ever saved, so there is no checkpoint at all)."""
+    ok(cli(small(corpus, "trainer.max_steps=4", "trainer.val_check_interval=4", "trainer.precision=16-true",
+                 "logger=csv", "run_id=d"), tmp_path, shared_cache))
+    run = tmp_path / "logs" / "default" / "runs" / "d"
+    assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
+    assert sorted(p.name for p in run.rglob("*.ckpt")) == []
+
+
 class Broken(Observer):
     """Stands for any logging callback with a bug: it raises at the second step."""
 
