@@ -296,6 +296,41 @@ def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, s
     assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 2
 
 
+@pytest.mark.parametrize("values, message", [
+    (["seed=0,abc"], "config error: seed='abc' is invalid; allowed: an integer >= 0 and <= 4294967295 (in job #1 of "
+                     "the sweep: seed=abc; no job has run)"),
+    (["norm=layernorm,rmsnorm", "model.norm_options.eps_mode=inside,sideways"], "(in job #1 of the sweep: "
+     "norm=layernorm model.norm_options.eps_mode=sideways; no job has run)"),
+], ids=["seed", "norm option"])
+def test_a_bad_value_in_a_later_sweep_job_is_refused_before_the_first_trains(values, message, tmp_path,
+                                                                             shared_cache, corpus):
+    """Every job of a sweep is checked at its start: the one line names the job and its values, and nothing is
+    written (no sweep folder, no job trained)."""
+    args = small(corpus, "logger=csv", *values)
+    pid, log = start([args[0], "-m", *args[1:]], tmp_path, shared_cache)
+    out = finish(pid, log, values)
+    assert out.returncode == 2 and message in error_line(out.output), out.output[-3000:]
+    assert "Launching" not in out.output and left_behind(tmp_path, log.name) == []
+
+
+def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
+    """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
+    import os
+    import signal
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, TRAIN], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    line = "stopped by SIGINT (Ctrl-C) while Python imported minillm's libraries: nothing ran, nothing was written"
+    assert proc.returncode == 130 and output.strip().splitlines() == [line], output
+    assert left_behind(tmp_path) == []
+
+
 def test_a_token_store_changed_on_disk_is_one_error_naming_the_folder(tmp_path, corpus):
     cache = tmp_path / "cache"
     ok(cli(small(corpus, "logger=csv"), tmp_path, cache))
