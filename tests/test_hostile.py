@@ -331,6 +331,30 @@ def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
     assert left_behind(tmp_path) == []
 
 
+WARNED = [  # (what the user typed, the start of the warning line each setting gets)
+    (["model.qk_norm_axis=flat", "model.branch_scale_init=0.5", "+scheduler.decay_fraction=0.3",
+      "model.parametrization=mup", "model.mup_base_width=64", "model.attn_scale=0.2"],
+     ["model.qk_norm_axis=flat does nothing without a QK-norm (model.qk_norm=none)",
+      "model.branch_scale_init=0.5 does nothing with model.branch_scale=none",
+      "scheduler.decay_fraction=0.3 does nothing with scheduler.kind=cosine",
+      "model.attn_scale=0.2 replaces muP's attention scale",
+      "model.mup_base_width=64 is above model.dim=32"]),
+    (["model.ngpt=true", "norm=none", "model.parametrization=mup", "model.mup_base_width=32", "optimizer=muon"],
+     ["model.ngpt=true with model.parametrization=mup: nGPT puts every matrix back on the unit sphere",
+      "optimizer.weight_decay=0.01 with model.ngpt=true: nGPT trains without weight decay"]),
+    ([], []),
+]
+
+
+@pytest.mark.parametrize("overrides, warned", WARNED, ids=["idle and muP", "nGPT", "default"])
+def test_settings_that_do_nothing_or_override_a_rule_get_one_warning_line_each(overrides, warned, tmp_path,
+                                                                               shared_cache, corpus):
+    out = ok(cli(small(corpus, "logger=csv", *overrides), tmp_path, shared_cache))
+    lines = [line.split("warning: ", 1)[1] for line in out.splitlines() if "[minillm][WARNING] - warning: " in line]
+    assert len(lines) == len(warned) and all(got.startswith(want) for got, want in zip(lines, warned, strict=True)), \
+        lines
+
+
 def test_a_token_store_changed_on_disk_is_one_error_naming_the_folder(tmp_path, corpus):
     cache = tmp_path / "cache"
     ok(cli(small(corpus, "logger=csv"), tmp_path, cache))
