@@ -473,3 +473,20 @@ def test_model_config_defaults_are_the_default_runs(tmp_path, corpus):
                                             if k not in ("self", "dim", "eps")}
     assert {k: v for k, v in composed.items() if v != defaults[k]} == {}
 
+
+
+def test_help_lists_every_key_with_fixed_choices(tmp_path):
+    """train.py --help's "Keys with fixed choices" names every config key the code checks against a fixed list
+    (each check_choice of a dotted field or a top-level key), with the values the check allows."""
+    import re
+
+    from processes import cli, ok
+
+    out = ok(cli([str(ROOT / "train.py"), "--help"], tmp_path, tmp_path / "cache"))
+    listed = dict(line.split(": ", 1) for line in out.split("Keys with fixed choices:\n", 1)[1].split("\nLaunchers")[0]
+                  .splitlines())
+    source = "\n".join(p.read_text() for p in (ROOT / "minillm").rglob("*.py"))
+    checked = set(re.findall(r'check_choice\("([a-z_]+\.[a-z_.]+|placement|test_weights)"', source))
+    checked -= {"model.norm", "model.placement"}  # config groups (norm=, placement=), listed as groups
+    assert checked and checked <= set(listed), sorted(checked - set(listed))
+    assert listed["model.qk_norm_axis"] == "head, flat" and listed["model.qk_norm_gains"] == "shared, per_head, null"

@@ -15,6 +15,7 @@ from minillm.mup import is_hidden_matrix
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt", "wsd")
 STEP_FREE_SCHEDULES = ("constant", "inverse_sqrt")  # they ignore total_steps and min_lr_ratio
+MUON_LR_RULES = (None, "original", "match_rms_adamw")  # Muon's adjust_lr_fn (torch.optim.Muon)
 DECAY_SHAPES = ("sqrt", "linear", "cosine")  # wsd's decay: 1 - sqrt(progress), 1 - progress, half a cosine
 # the settings of a WSD run's decay: what a decay branch (decay_from=) may change, and nothing else
 DECAY_SETTINGS = ("total_steps", "min_lr_ratio", "decay_fraction", "decay_shape", "decay_start")
@@ -215,7 +216,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         check_bool("optimizer.nesterov", kw["nesterov"])
         check_int("optimizer.ns_steps", kw["ns_steps"], low=1, high=99)
         check_number("optimizer.weight_decay", kw["weight_decay"], low=0.0)
-        check_choice("optimizer.adjust_lr_fn", kw["adjust_lr_fn"], (None, "original", "match_rms_adamw"))
+        check_choice("optimizer.adjust_lr_fn", kw["adjust_lr_fn"], MUON_LR_RULES)
         check_number("optimizer.adamw_lr", kw["adamw_lr"], low=0.0, low_open=True)
         check_betas("optimizer.adamw_betas", kw["adamw_betas"])
         check_number("optimizer.adamw_eps", kw["adamw_eps"], low=0.0, low_open=True)

@@ -33,6 +33,7 @@ from minillm.training.run.build import model_config, precision_plugins, trains_o
 
 PRECISIONS = _compat.lightning_precisions()  # Lightning's own list
 TEST_WEIGHTS = ("final", "best")
+CLIP_ALGORITHMS = (None, "norm", "value")  # Lightning's
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -71,7 +72,7 @@ def check_trainer(t: dict) -> None:
     check_int("trainer.log_every_n_steps", t.get("log_every_n_steps", 50), low=1)
     check_int("trainer.accumulate_grad_batches", t.get("accumulate_grad_batches", 1), low=1)
     check_number("trainer.gradient_clip_val", t.get("gradient_clip_val"), low=0.0, optional=True)
-    check_choice("trainer.gradient_clip_algorithm", t.get("gradient_clip_algorithm"), (None, "norm", "value"))
+    check_choice("trainer.gradient_clip_algorithm", t.get("gradient_clip_algorithm"), CLIP_ALGORITHMS)
     check_int("trainer.num_nodes", t.get("num_nodes", 1), low=1)
     check_int("trainer.check_val_every_n_epoch", t.get("check_val_every_n_epoch"), low=1, optional=True)
     check_int("trainer.num_sanity_val_steps", t.get("num_sanity_val_steps", 0), low=-1)
