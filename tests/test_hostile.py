@@ -313,6 +313,16 @@ def test_a_bad_value_in_a_later_sweep_job_is_refused_before_the_first_trains(val
     assert "Launching" not in out.output and left_behind(tmp_path, log.name) == []
 
 
+def test_a_sweep_prints_one_config_tree(tmp_path, shared_cache, corpus):
+    """The resolved config's tree (about 230 lines) once per sweep, job 0's; each later job one line to its file."""
+    args = small(corpus, "logger=csv", "test=false", "seed=0,1,2")
+    out = ok(cli([args[0], "-m", *args[1:]], tmp_path, shared_cache))
+    assert out.count("├── model\n") == 1 and out.count("job #0's tree, with this job's overrides") == 2, out[-3000:]
+    (sweep,) = (tmp_path / "logs" / "default" / "multiruns").iterdir()
+    assert "├── model" in (sweep / "0" / "train.log").read_text()
+    assert f"(in full: {sweep / '2'}/.hydra/config.yaml)" in (sweep / "2" / "train.log").read_text()
+
+
 def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
     """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
     import os

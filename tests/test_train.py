@@ -490,3 +490,20 @@ def test_help_lists_every_key_with_fixed_choices(tmp_path):
     checked -= {"model.norm", "model.placement"}  # config groups (norm=, placement=), listed as groups
     assert checked and checked <= set(listed), sorted(checked - set(listed))
     assert listed["model.qk_norm_axis"] == "head, flat" and listed["model.qk_norm_gains"] == "shared, per_head, null"
+
+
+def test_runs_of_different_models_get_different_wandb_names(tmp_path, corpus):
+    """The W&B name (minillm.training.run.naming.run_name, of the config train.py composes) tells the model options
+    apart: a flat QK-norm and a keys-only one, v_norm, attn_scale, a branch scale."""
+    from minillm.training.run.naming import run_name
+
+    options = [[], ["model.qk_norm=rmsnorm"], ["model.qk_norm=rmsnorm", "model.qk_norm_axis=flat"],
+               ["model.qk_norm=rmsnorm", "model.qk_norm_on=k"], ["model.v_norm=true"], ["model.attn_scale=0.2"],
+               ["model.branch_scale=layerscale"], ["model.branch_scale=layerscale", "model.branch_scale_init=0.1"],
+               ["model.layer_output_scale=true"], ["model.embed_scale=true"], ["model.embed_norm=true"]]
+    names = [run_name(compose_cfg(tmp_path, corpus, *o)) for o in options]
+    assert len(set(names)) == len(names), names
+    assert names[0] == "rmsnorm-pre-L2-d32-lr0.003-wu1-s1337"  # the default run's options are not named
+    assert names[2] == "rmsnorm-pre-L2-d32-qkrmsnorm-qk_norm_axis=flat-lr0.003-wu1-s1337"
+    assert names[4] == "rmsnorm-pre-L2-d32-v_norm-lr0.003-wu1-s1337"
+    assert names[5] == "rmsnorm-pre-L2-d32-attn_scale=0.2-lr0.003-wu1-s1337"
