@@ -323,6 +323,26 @@ def test_a_sweep_prints_one_config_tree(tmp_path, shared_cache, corpus):
     assert f"(in full: {sweep / '2'}/.hydra/config.yaml)" in (sweep / "2" / "train.log").read_text()
 
 
+def test_the_closing_line_says_failed_quotes_paths_and_an_empty_spike_capture_says_so(tmp_path, shared_cache,
+                                                                                      corpus):
+    """A 2-step run completes with a final val loss above the unigram loss (it counts as failed), in a folder whose
+    path has a space, with spike capture on and no spike."""
+    import shlex
+
+    cwd = tmp_path / "my runs"
+    cwd.mkdir()
+    out = ok(cli(small(corpus, "logger=csv", "run_id=a", "callbacks.spike.steps=2"), cwd, shared_cache))
+    run = cwd / "logs" / "default" / "runs" / "a"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["failed"], summary
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("[") and "run completed after 2 steps (final val loss" in last
+    assert f"; it counts as failed: final val loss >= {summary['unigram_loss']:.4f}, the unigram loss" in last
+    assert last.endswith(f"table and plots: python -m minillm.analysis.report {shlex.quote(str(run))}"), last
+    assert shlex.split(last.rsplit("table and plots: ", 1)[1])[-1] == str(run)
+    assert f"callbacks.spike: no loss spike or divergence in this run; nothing written to {run / 'spikes'}" in out
+
+
 def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
     """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
     import os
