@@ -74,6 +74,9 @@ BAD_INPUT = [
                                           "stores (it is a file)"),
     (["trainer.accumulate_grad_batches=0"], "config error: trainer.accumulate_grad_batches=0 is invalid"),
     (["scheduler=wsd", "decay_from={tmp}/none.ckpt"], "config error: decay_from='{tmp}/none.ckpt' does not exist"),
+    (["scheduler=wsd", "decay_from={tmp}"], "config error: decay_from='{tmp}' is a folder, not a checkpoint"),
+    (["scheduler=wsd", "decay_from={tmp}/corpus.txt"], "config error: checkpoint '{tmp}/corpus.txt' is a text file"),
+    (["model.qk_norm_axis=null"], "config error: model.qk_norm_axis=null is invalid; allowed: head, flat"),
     (["print_config=maybe"], "config error: print_config='maybe' is invalid; allowed: true or false"),
     (["optimizer._target_=torch.optim.Muon"], "config error: optimizer._target_=torch.optim.Muon would be given every "
                                               "parameter, but Muon only takes the 2-D hidden matrices; allowed: "

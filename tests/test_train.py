@@ -216,11 +216,14 @@ def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
         ("callbacks.progress_bar.mode=fancy", "callbacks.progress_bar.mode='fancy' is invalid; allowed: auto"),
         ("+callbacks.stability.colour=red", "unexpected keyword argument 'colour'"),
         ("optimizer._target_=torch.optim.Turbo", "Error locating target 'torch.optim.Turbo'"),
-        ("norm=fused_rmsnorm", "norm=fused_rmsnorm: fused_rmsnorm needs a CUDA GPU and none is visible"),
+        ("norm=fused_rmsnorm", "norm=fused_rmsnorm needs a CUDA GPU and none is visible: .* or use norm=rmsnorm$"),
+        ("norm=derf model.norm_impl=triton", r"model.norm_impl=triton \(the Triton kernel of norm=derf\) needs a CUDA "
+                                             "GPU and none is visible: .* or use model.norm_impl=auto$"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_training(override, message, tmp_path, corpus, monkeypatch):
-    if override == "norm=fused_rmsnorm":  # as on a machine without a GPU (the tests run the kernel interpreted)
+    if "fused_rmsnorm" in override or "triton" in override:  # as on a machine without a GPU (the tests run the
+        # kernel interpreted)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cfg = compose_cfg(tmp_path, corpus, *override.split())

@@ -150,18 +150,20 @@ def check_fused_norm(c: dict) -> None:
     traceback from inside a layer (norm_impl=auto takes another implementation instead)."""
     model = c.get("model") or {}
     names = {model.get("norm"), model.get("qk_norm"), *((s or {}).get("norm") for s in model.get("layers") or [])}
-    asked = "norm=fused_rmsnorm" if "fused_rmsnorm" in names else (
-        "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None)
+    fused = "fused_rmsnorm" in names
+    asked = "norm=fused_rmsnorm" if fused else "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None
     if asked:
         from minillm.kernels import rmsnorm as kernel
 
+        what = asked if fused else f"model.norm_impl=triton (the Triton kernel of norm={model.get('norm')})"
+        instead = "norm=rmsnorm" if fused else "model.norm_impl=auto"
         try:
-            kernel.require_fused()
+            kernel.require_fused(what, instead)
         except RuntimeError as err:
-            raise ConfigError(f"{asked}: {err}") from None
+            raise ConfigError(str(err)) from None
         if (c.get("trainer") or {}).get("accelerator") == "cpu" and not kernel._interpreting():
-            raise ConfigError(f"{asked} with trainer.accelerator=cpu is invalid: the kernel runs on CUDA tensors; "
-                              "allowed: trainer=gpu (or trainer.accelerator=gpu|auto), or norm=rmsnorm on the CPU")
+            raise ConfigError(f"{what} with trainer.accelerator=cpu is invalid: the kernel runs on CUDA tensors; "
+                              f"allowed: trainer=gpu (or trainer.accelerator=gpu|auto), or {instead} on the CPU")
 
 
 def check_model_early(cfg: DictConfig) -> None:

@@ -117,9 +117,10 @@ def decay_branch(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"scheduler.decay_fraction={fraction!r} is invalid for a decay branch; allowed: a number "
                           "> 0 and < 1 (the share of the branch's whole run that decays)")
     if not Path(path).expanduser().is_file():
-        raise ConfigError(f"decay_from={path!r} does not exist; allowed: a checkpoint file of a stable phase, e.g. "
+        what = "is a folder, not a checkpoint" if Path(path).expanduser().is_dir() else "does not exist"
+        raise ConfigError(f"decay_from={path!r} {what}; allowed: a checkpoint file of a stable phase, e.g. "
                           "<run>/checkpoints/step-<k>.ckpt")
-    header = read_checkpoint_header(path)
+    header = read_checkpoint_header(path, field="decay_from")
     step = int(header.get("global_step", 0))
     saved = ((header.get("hyper_parameters") or {}).get("run_settings") or {}).get("scheduler") or {}
     if saved.get("kind") not in ("wsd", "constant"):
