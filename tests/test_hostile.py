@@ -53,6 +53,9 @@ BAD_INPUT = [
     (["optimizer.learning_rate=1e-3"], "config error: optimizer.learning_rate is not a key of the config; "
                                        "optimizer has: betas, eps, lr, weight_decay"),
     (["seed=[1"], "config error: an override cannot be parsed"),
+    (["experiment=cpu_study"], "config error: callbacks.text_sample.max_new_tokens is not a key of the config; "  # a
+     "callbacks has: divergence, progress_bar, stability, summary, totals;"),  # preset without the text sample
+
     (["hydra/launcher=nope"], "config error: hydra/launcher=nope is invalid; allowed: basic, joblib"),
     (["placement=sideways"], "config error: placement='sideways' is invalid; allowed: pre, post"),
     (["trainer.precision=8"], "config error: trainer.precision='8' is invalid; allowed: 32-true"),
