@@ -349,6 +349,22 @@ def test_the_closing_line_says_failed_quotes_paths_and_an_empty_spike_capture_sa
     assert f"callbacks.spike: no loss spike or divergence in this run; nothing written to {run / 'spikes'}" in out
 
 
+def test_train_false_reads_the_model_config_from_the_checkpoint(tmp_path, shared_cache, corpus):
+    """A checkpoint of a non-default model (3 layers, v_norm, LayerNorm, Post-LN) evaluates with train=false and its
+    path only, to the run's own test loss; a model setting given on the command line is still checked against it."""
+    ok(cli(small(corpus, "logger=csv", "run_id=big", "model.n_layers=3", "model.v_norm=true", "norm=layernorm",
+                 "placement=post"), tmp_path, shared_cache))
+    run = tmp_path / "logs" / "default" / "runs" / "big"
+    trained = json.loads((run / "summary.json").read_text())
+    ckpt = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    ok(cli(small(corpus, "logger=csv", "train=false", ckpt), tmp_path, shared_cache))
+    (evaluation,) = run.glob("evaluations/*/evaluation.json")
+    assert json.loads(evaluation.read_text())["test_loss"] == pytest.approx(trained["test_loss"])
+    out = cli(small(corpus, "logger=csv", "train=false", "norm=rmsnorm", ckpt), tmp_path, shared_cache)
+    assert out.returncode == 2 and "trained with a different model config (norm: checkpoint 'layernorm'" in error_line(
+        out.output)
+
+
 def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
     """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
     import os
