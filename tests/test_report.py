@@ -356,3 +356,32 @@ def test_a_sweep_over_a_model_option_splits_rows_and_reports_the_test_loss(tmp_p
     text = (sweep / "report" / "report.md").read_text()
     assert "| norm | placement | lr | model.branch_scale | model.v_norm | runs | best val loss (mean ± std) | " \
            "final val loss | test loss |" in text
+
+
+def test_a_decay_branch_is_drawn_from_its_own_decay_start(tmp_path):
+    """A stable run validated after steps 5 and 10 and a branch from its step-8 checkpoint (summary.json and
+    metrics.csv as train.py writes them; the sweep moved since, so the recorded parent folder is elsewhere): the
+    branch leaves the parent at step 8 (1024 tokens), at the parent's loss there, not at its validation of step 5;
+    minillm-report draws loss_vs_tokens.png."""
+    from minillm.analysis import branches
+
+    root = tmp_path / "wsd"
+    for name, rows, summary in (
+            ("stable", [(4, 3.0), (9, 2.0)], {"steps": 10, "tokens": 1280}),
+            ("b8", [(9, 1.8)], {"steps": 10, "tokens": 1280,
+                                "parent": {"run_dir": "/elsewhere/wsd/stable", "step": 8}})):
+        (root / name / "csv").mkdir(parents=True)
+        (root / name / "summary.json").write_text(json.dumps({"norm": "rmsnorm", "placement": "pre", "lr": 3e-3,
+                                                              "seed": 0, "final_val_loss": rows[-1][1], **summary}))
+        with open(root / name / "csv" / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["step", "val/loss"])
+            w.writeheader()
+            w.writerows({"step": s, "val/loss": v} for s, v in rows)
+    runs = {r.dir.name: r for r in find_runs(root)}
+    parent = branches.parent_of(runs["b8"], {branches._where(r.dir): r for r in runs.values()})
+    assert parent is runs["stable"]
+    assert branches.branch_start(runs["b8"], parent) == pytest.approx((1024.0, 3.0 + (2.0 - 3.0) * 3 / 5))
+    out = subprocess.run([sys.executable, "-m", "minillm.analysis.report", str(root)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert (root / "report" / branches.PLOT).stat().st_size > 5000
