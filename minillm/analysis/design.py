@@ -31,7 +31,7 @@ from typing import Any
 
 from scipy import stats as scipy_stats
 
-from minillm.analysis.lr_choice import _same, choose_lrs, tuning_loss
+from minillm.analysis.lr_choice import choose_lrs, same_lr, tuning_loss
 from minillm.analysis.plan_record import PlanError, current, number, parse_time, utc_now
 from minillm.analysis.rules import CHOICE_METRIC, Rules, value_of
 from minillm.analysis.runs import label
@@ -134,10 +134,10 @@ def _lr_margins(runs: Sequence[Mapping], chosen: float, grid: Sequence[float]) -
     """How far the chosen lr beats each grid neighbour on the pilot: the mean per-seed gap of the final val loss
     (a failed run at ln V), its standard error, and whether it is STANDARD_ERRORS of them."""
     def by_seed(lr: float) -> dict:
-        return {r.get("seed"): tuning_loss(r, CHOICE_METRIC) for r in runs if _same(r.get("lr"), lr)}
+        return {r.get("seed"): tuning_loss(r, CHOICE_METRIC) for r in runs if same_lr(r.get("lr"), lr)}
 
     at, out = by_seed(chosen), []
-    i = next(j for j, x in enumerate(grid) if _same(x, chosen))
+    i = next(j for j, x in enumerate(grid) if same_lr(x, chosen))
     for j in (i - 1, i + 1):
         if not 0 <= j < len(grid):
             continue
@@ -196,23 +196,23 @@ def freeze(record: Mapping, records: Sequence[Mapping], pilot_dirs: Sequence[str
                         f"frozen once: record a new version (minillm-plan PLAN.yaml --sweep {sweep} --force)")
     grid, where = plan["lr_grid"], ", ".join(map(str, pilot_dirs))
     runs = [r for r in records if r.get("seed") in plan["pilot_seeds"] and value_label(r, plan) is not None
-            and any(_same(r.get("lr"), x) for x in grid)]
+            and any(same_lr(r.get("lr"), x) for x in grid)]
     names = sorted({str(r.get("name")) for r in runs} - {sweep})
     if names:
         raise PlanError(f"{where}: pilot runs of sweep {', '.join(names)}; allowed: runs of the plan's sweep {sweep} "
                         f"(train.py's name={sweep})")
     by_value = {v: [r for r in runs if value_label(r, plan) == v] for v in family(plan)}
-    lacking = [f"{v} at lr {', '.join(label(x) for x in grid if not any(_same(r.get('lr'), x) for r in rs))}"
-               for v, rs in by_value.items() if not all(any(_same(r.get("lr"), x) for r in rs) for x in grid)]
+    lacking = [f"{v} at lr {', '.join(label(x) for x in grid if not any(same_lr(r.get('lr'), x) for r in rs))}"
+               for v, rs in by_value.items() if not all(any(same_lr(r.get("lr"), x) for r in rs) for x in grid)]
     if lacking:
         raise PlanError(f"{where}: the pilot has no run of {'; '.join(lacking)}; allowed: a pilot of every value of "
                         f"{', '.join(family(plan))} at every lr of lr_grid (seeds {plan['pilot_seeds']})")
     picked = choose_lrs(by_value, "tuned", CHOICE_METRIC)  # value -> (its lr, its loss by lr, warnings)
     chosen = {v: p[0] for v, p in picked.items()}
-    metric, _ = resolve_metric([r for v, rs in by_value.items() for r in rs if _same(r.get("lr"), chosen[v])],
+    metric, _ = resolve_metric([r for v, rs in by_value.items() for r in rs if same_lr(r.get("lr"), chosen[v])],
                                plan["metric"])
     rules = Rules(failures=plan["failures"])
-    at = {v: {r.get("seed"): value_of(r, metric, rules) for r in rs if _same(r.get("lr"), chosen[v])}
+    at = {v: {r.get("seed"): value_of(r, metric, rules) for r in rs if same_lr(r.get("lr"), chosen[v])}
           for v, rs in by_value.items()}
     tests = len(plan["arms"]) if plan["adjust"] == "holm" else 1
     spread = {arm: _spread(plan, at, arm, tests) for arm in plan["arms"]}
@@ -232,7 +232,7 @@ def freeze(record: Mapping, records: Sequence[Mapping], pilot_dirs: Sequence[str
              and t < recorded]
     if early:
         warnings.append(f"{len(early)} pilot run(s) started before the plan was recorded")
-    place = {v: next(i for i, x in enumerate(grid) if _same(x, lr)) for v, lr in chosen.items()}
+    place = {v: next(i for i, x in enumerate(grid) if same_lr(x, lr)) for v, lr in chosen.items()}
     near = {v: grid[max(i - 1, 0):i + 2] for v, i in place.items()} if neighbours else None
     commands = [train_command(plan, sweep, [v], near[v] if near else [chosen[v]], judged) for v in chosen]
     return {"stage": "freeze", "version": plan_stage["version"], "frozen_at": utc_now(),
