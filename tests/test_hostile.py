@@ -488,3 +488,21 @@ def test_a_full_disk_ends_the_run_in_one_line_with_nothing_half_written(tmp_path
     assert not [p for p in files if ".tmp" in p.name], files
     for summary in logs.rglob("summary.json"):
         json.loads(summary.read_text())  # complete, if written at all
+
+
+def test_the_sweep_check_goes_on_past_a_job_whose_error_is_not_about_the_config(monkeypatch, capsys):
+    """A job whose check meets an error that is not a refusal (that job will meet it itself) does not end the
+    check: a refused later job is still found before anything runs."""
+    from minillm.errors import ConfigError
+    from minillm.training.run import checks_sweep
+
+    def check(config, job):
+        if job == ["seed=0"]:
+            raise RuntimeError("not about the config")
+        raise ConfigError("seed: 'abc' is not an integer")
+
+    monkeypatch.setattr(checks_sweep, "sweep_jobs", lambda config: ([["seed=0"], ["seed=abc"]], {"seed"}))
+    monkeypatch.setattr(checks_sweep, "check_job", check)
+    with pytest.raises(SystemExit) as stop:
+        checks_sweep.SweepCheck().on_multirun_start(None)
+    assert stop.value.code == 2 and "in job #1 of the sweep: seed=abc" in capsys.readouterr().err

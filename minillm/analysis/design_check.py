@@ -86,9 +86,11 @@ def mark(result: dict, facts: Mapping) -> None:
     how its lr was chosen."""
     base = label(result["baseline"])
     for c in result["comparisons"]:
-        arm = label(c["arm"])
-        mine = [b["message"] for b in facts["breaches"] if b["arm"] in (None, arm, base)]
+        arms = {label(c["arm"]), label(c.get("arm_value", c["arm"]))}  # an option variant breaches with its value
+        mine = [b["message"] for b in facts["breaches"] if b["arm"] in (None, base, *arms)]
         c["preregistered"] = not mine
+        if mine:  # a word outside the frozen design neither meets nor misses the plan's expectation
+            c["as_expected"] = None
         c["estimand"] = facts["estimand"]
         c["lr_choice"] = {"how": "pilot", "chosen_on": f"final_val_loss of pilot seeds "
                                                       f"{', '.join(map(str, facts['pilot_seeds']))}"}

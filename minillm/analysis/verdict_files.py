@@ -272,7 +272,8 @@ def markdown(result: dict) -> str:
         interval = (f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] {c['ci_method']}" if c["ci_low"] is not None
                     else f"- ({c['ci_method']})")
         ruling = (f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
-                  + (" (exploratory)" if c.get("exploratory") else ""))
+                  + (" (exploratory)" if c.get("exploratory") else "")
+                  + (" (not pre-registered)" if c.get("preregistered") is False else ""))
         adjusted = c["p_holm"] if legacy(result) else c.get("p_adjusted")
         row = [label(c["arm"]), _stratum(c), f"{_lr_text(c['arm_lr'])} / {_lr_text(c['baseline_lr'])}",
                _lr_choice_text(c), _fmt(c["n_pairs"]) if c["n_pairs"] is not None else "unpaired", _fmt(c["diff"]),

@@ -37,7 +37,7 @@ def sentence_v3(c: dict, result: dict, text: str) -> str:
     if pi is not None:
         text += (f"; probability of improvement (an arm run beats a baseline run) {pi['value']:.2f} "
                  f"[{pi['ci_low']:.2f}, {pi['ci_high']:.2f}]")
-    if c["verdict"] == "inconclusive":
+    if c["verdict"] == "inconclusive" and not c.get("no_spread"):
         text += f"; more seeds are needed to decide at the fixed margin ±{result['margin']:g}"
         if c["seeds_needed"]:
             text += f" (about {c['seeds_needed']} pairs for {100 * PLAN_POWER:.0f}% power)"

@@ -76,7 +76,7 @@ class SweepCheck(Callback):
                 check_job(config, job)
             except Exception as err:  # noqa: BLE001  (a refusal becomes the job's line; anything else the job's own)
                 refused = job_error(err, num, job, varied)
-                if refused is None:
-                    return
+                if refused is None:  # not a refusal: that job will say it itself; the later jobs are still checked
+                    continue
                 print(f"{refused.what}: {refused}", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None  # Hydra turns a callback's exceptions into warnings; not an exit
