@@ -334,3 +334,13 @@ def test_the_failure_veto_says_its_p_is_unadjusted():
     assert (c["verdict"], c["failure_verdict"]) == ("inconclusive", "no difference shown")
     assert [w for w in c["warnings"] if "fails significantly more often" in w] == [
         "the arm fails significantly more often (4 of 8 against 0 of 8, Boschloo, unadjusted p 0.029): not better"]
+
+
+def test_pairs_for_margin_where_scipys_noncentral_t_gives_nan():
+    """A small spread against the margin puts the noncentrality where scipy's noncentral t returns NaN for the lower
+    tail: the plan is then the few pairs that decide (the normal limit), not a count inflated by NaN comparisons
+    (before: 6 and 7 pairs where 3 decide with power ~1)."""
+    from minillm.analysis.exact import pairs_for_margin
+
+    assert pairs_for_margin(0.001, 2, 0.02, tests=1) == 3 and pairs_for_margin(0.001, 2, 0.02, tests=2) == 3
+    assert pairs_for_margin(0.0175, 3, 0.02, tests=2) == pairs_for_margin(0.0175, 3, 0.02, tests=2, max_n=200)

@@ -129,6 +129,11 @@ def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
     return sd * math.sqrt((n - 1) / stats.chi2.ppf(1.0 - confidence, n - 1))
 
 
+def _tail(p: np.ndarray, normal: np.ndarray) -> np.ndarray:
+    """A noncentral t tail, where scipy's series gives NaN (a large noncentrality): the normal one, its limit."""
+    return np.where(np.isfinite(p), p, normal)
+
+
 def pairs_for_margin(sd: float | None, n: int, margin: float, alpha: float = 0.05, power: float = 0.8,
                      tests: int = 1, sd_confidence: float = 0.8, min_n: int = 3, max_n: int = 10_000) -> int | None:
     """The smallest number of pairs N with which a new sweep decides at the fixed margin with probability >= power
@@ -141,13 +146,24 @@ def pairs_for_margin(sd: float | None, n: int, margin: float, alpha: float = 0.0
         return None
     sd_plan = sd_upper(max(sd, 1e-300), n, sd_confidence)
     level = alpha / max(tests, 1)
-    big_n = np.arange(min_n, max_n + 1, dtype=float)
-    df, se = big_n - 1.0, sd_plan / np.sqrt(big_n)
-    crit, one_sided = stats.t.ppf(1.0 - level / 2.0, df), stats.t.ppf(1.0 - level, df)
-    differs = stats.nct.sf(crit, df, margin / se) + stats.nct.cdf(-crit, df, margin / se)
-    equivalent = 2.0 * stats.nct.sf(one_sided, df, margin / se) - 1.0  # at 0: P1 + P2 - 1, both tails alike
-    ok = (differs >= power) & (equivalent >= power)
-    return int(big_n[np.argmax(ok)]) if ok.any() else None
+
+    def decides(big_n: np.ndarray) -> np.ndarray:
+        df, se = big_n - 1.0, sd_plan / np.sqrt(big_n)
+        crit, one_sided = stats.t.ppf(1.0 - level / 2.0, df), stats.t.ppf(1.0 - level, df)
+        ncp = margin / se
+        differs = _tail(stats.nct.sf(crit, df, ncp), stats.norm.sf(crit - ncp)) + _tail(
+            stats.nct.cdf(-crit, df, ncp), stats.norm.cdf(-crit - ncp))
+        equivalent = 2.0 * _tail(stats.nct.sf(one_sided, df, ncp), stats.norm.sf(one_sided - ncp)) - 1.0  # at 0
+        return (differs >= power) & (equivalent >= power)
+
+    # both powers grow with N: the first N of a doubling ladder that decides, then the smallest before it that does
+    ladder = np.unique(np.minimum(min_n * 2.0 ** np.arange(0, 15), max_n))
+    ok = decides(ladder)
+    if not ok.any():
+        return None
+    top = int(ladder[np.argmax(ok)])
+    below = np.arange(max(min_n, top // 2), top + 1, dtype=float)
+    return int(below[np.argmax(decides(below))])
 
 
 def seeds_for_failures(rate_arm: float, rate_base: float, alpha: float = 0.05, power: float = 0.8,

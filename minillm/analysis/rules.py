@@ -22,7 +22,9 @@ ADJUSTS = ("holm", "none")
 EQUIVALENCE = ("tost", "interval")
 PAIRED_BY = ("auto", "seed", "none")
 INTERVALS = ("t", "bootstrap")
-VERSION = 3  # the engine's current rules; 2: the rules of 2026-11-28 to 2026-12-01 (studies registered then pin them)
+# The engine's current rules: version 3, as of 2026-12-02 (a change to any word or number it gives is version 4);
+# 2: the rules of 2026-11-28 to 2026-12-01 (the studies registered then pin them).
+VERSION = 3
 VERSIONS = (2, 3)
 
 
