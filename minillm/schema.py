@@ -129,6 +129,30 @@ LOSSES = (FINAL_VAL_LOSS, BEST_VAL_LOSS, TEST_LOSS)  # losses in nats, with ln V
 SPELT_ONCE = (FINAL_VAL_LOSS, BEST_VAL_LOSS, BEST_VAL_STEP, TEST_LOSS, LOSS_INIT, UNIGRAM_LOSS, DIVERGED_STEP,
               STOPPED_EARLY, SPIKE_COUNT, GRAD_SPIKE_COUNT, MAX_GRAD_NORM, TOKENS_PER_S)
 assert all(name in FIELDS for name in SPELT_ONCE)
+REQUIRED = ("lr", "seed")  # a summary without them describes no run a sweep can place
+
+
+def _of_type(value: object, kind: str) -> bool:
+    """Whether a JSON value has a FIELDS type ("number", "integer|null", ...): booleans are not numbers, and an
+    integer may be written as a whole float (8.0). Null passes (an unknown value; a reader treats it as missing)."""
+    if value is None:
+        return True
+    base = kind.split("|")[0]
+    if base in ("number", "integer"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return base == "number" or isinstance(value, int) or float(value).is_integer()
+    return isinstance(value, {"string": str, "boolean": bool, "object": dict, "list": list}[base])
+
+
+def problems(summary: dict) -> list[str]:
+    """What makes a summary.json not a run's: a REQUIRED field missing (or null), or a field of FIELDS holding a
+    value of another type (a loss of "abc"); fields FIELDS does not name are not checked. Empty for a readable
+    summary."""
+    found = [f"no {name}" for name in REQUIRED if summary.get(name) is None]
+    found += [f"{name} is {value!r}, not {FIELDS[name].type.replace('|', ' or ')}" for name, value in summary.items()
+              if name in FIELDS and not _of_type(value, FIELDS[name].type)]
+    return found
 
 
 def markdown() -> str:

@@ -63,3 +63,24 @@ def sigint():
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """A running SLURM cluster (found, or started by scripts/slurm_cluster.sh when SLURM is installed); the test
+    skips with the reason otherwise (tests/slurm_jobs.py)."""
+    from slurm_jobs import find_cluster
+
+    reason = find_cluster()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def slurm_jobs():
+    """The ids of the SLURM jobs a test submits (append them): the ones still queued at its end are cancelled."""
+    from slurm_jobs import cancel
+
+    jobs: list[str] = []
+    yield jobs
+    cancel(jobs)

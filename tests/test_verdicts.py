@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from minillm.analysis.compare import compare
+from minillm.analysis.exact import pairs_for_margin
 from minillm.analysis.lr_choice import tuning_loss
 from minillm.analysis.rules import REGISTERED_BEFORE, CompareError
 from minillm.analysis.runs import find_runs
@@ -188,8 +189,8 @@ def test_each_arm_at_its_own_tuned_lr_gives_the_right_effect_size(planted):
     assert (tuned["arm_lr"], tuned["baseline_lr"]) == (1e-2, 3e-3)
     assert tuned["diff"] == pytest.approx(0.0, abs=0.003) and tuned["verdict"] == "equivalent"
     assert tuned["arm_lr_grid"]["0.01"] == pytest.approx(2.0 + np.mean(SEED_EFFECT), abs=0.002)
-    common = by_arm(compare(find_runs(planted), "norm", "layernorm", lr="common"))["scalenorm"]
-    assert (common["arm_lr"], common["baseline_lr"]) == (3e-3, 3e-3)  # the lowest mean over the five norms
+    common = by_arm(compare(find_runs(planted), "norm", "layernorm", lr="common", version=2))["scalenorm"]
+    assert (common["arm_lr"], common["baseline_lr"]) == (3e-3, 3e-3)  # version 2: the lowest mean over five norms
     assert common["diff"] == pytest.approx(0.2, abs=0.003) and common["verdict"] == "worse"
     fixed = by_arm(compare(find_runs(planted), "norm", "layernorm", lr=1e-2))["scalenorm"]
     assert (fixed["arm_lr"], fixed["baseline_lr"]) == (1e-2, 1e-2) and fixed["verdict"] == "better"
@@ -218,15 +219,23 @@ def test_an_undecided_arm_is_inconclusive_with_the_seeds_a_decision_needs(plante
     ps = [c["p"] for c in result["comparisons"]]
     assert [c["p_holm"] for c in result["comparisons"]] == pytest.approx(holm(ps))
     assert [c["arm"] for c in result["comparisons"]] == ["dyt", "powernorm", "rmsnorm", "scalenorm"]
-    # today's rules: a planning number for 4 comparisons, 80% power, the spread at its upper 80% bound
-    now = by_arm(compare(find_runs(planted), "norm", "layernorm"))["powernorm"]
-    assert now["verdict"] == "inconclusive" and now["diff"] == pytest.approx(d.mean())
-    assert now["seeds_needed"] == seeds_to_plan(d.mean(), d.std(ddof=1), 8, 0.02, tests=4) > 23
+    # the rules of version 2: a planning number for 4 comparisons, 80% power, the spread at its upper 80% bound
+    v2 = by_arm(compare(find_runs(planted), "norm", "layernorm", version=2))["powernorm"]
+    assert v2["verdict"] == "inconclusive" and v2["diff"] == pytest.approx(d.mean())
+    assert v2["seeds_needed"] == seeds_to_plan(d.mean(), d.std(ddof=1), 8, 0.02, tests=4) > 23
+    # today's: the pairs that decide at the fixed margin both ways, for the report's family of 5 (4 comparisons and
+    # dyt's failures), from the spread alone
+    result = compare(find_runs(planted), "norm", "layernorm")
+    now = by_arm(result)["powernorm"]
+    assert result["family"] == 5 and result["family_tests"] == {"loss": 4, "failures": 1, "stability": 0}
+    assert now["verdict"] == "inconclusive"
+    assert now["seeds_needed"] == pairs_for_margin(d.std(ddof=1), 8, 0.02, tests=5) > 23
 
 
 def test_a_config_key_that_varies_within_an_arm_splits_strata(tmp_path):
-    runs = [run(n, 1e-3, s, 2.0 + 0.1 * (p == "post") + 0.05 * (n == "rmsnorm") + 0.01 * s, placement=p,
-                norm_options={"norm": n}) for n in ("layernorm", "rmsnorm") for p in ("pre", "post") for s in range(3)]
+    runs = [run(n, 1e-3, s, 2.0 + 0.1 * (p == "post") + (0.05 + 0.001 * (s - 1)) * (n == "rmsnorm") + 0.01 * s,
+                placement=p, norm_options={"norm": n}) for n in ("layernorm", "rmsnorm") for p in ("pre", "post")
+            for s in range(3)]
     assert strata_keys(runs, "norm") == ["placement"]  # norm_options follows the norm: no stratum of its own
     result = compare(find_runs(write_sweep(tmp_path / "s", runs)), "norm", "layernorm")
     assert [(c["stratum"], c["verdict"]) for c in result["comparisons"]] == [
@@ -236,9 +245,13 @@ def test_a_config_key_that_varies_within_an_arm_splits_strata(tmp_path):
 
 def test_warnings_that_make_a_verdict_not_informative():
     few = [run(n, 1e-3, s, 2.0 + 0.01 * s) for n in ("layernorm", "rmsnorm") for s in range(2)]
-    (c,) = compare(few, "norm", "layernorm")["comparisons"]
+    (c,) = compare(few, "norm", "layernorm", version=2)["comparisons"]
     assert not c["informative"] and any("only 2 pairs (fewer than 3)" in w for w in c["warnings"])
-    stalled = [run("layernorm", 1e-3, s, 2.0) for s in range(4)] + [run("rmsnorm", 1e-3, s, 3.01) for s in range(4)]
+    (c,) = compare(few, "norm", "layernorm")["comparisons"]  # 2 shared seeds do not pair: Welch, from 2 runs
+    assert not c["informative"] and c["paired_by"] == "none"
+    assert any("only 2 usable runs in an arm (fewer than 3)" in w for w in c["warnings"])
+    stalled = [run("layernorm", 1e-3, s, 2.0 + 0.001 * (s - 1.5)) for s in range(4)] + [
+        run("rmsnorm", 1e-3, s, 3.01) for s in range(4)]
     (c,) = compare(stalled, "norm", "layernorm", failures="drop")["comparisons"]
     assert c["fail_arm"] == 4 and c["verdict"] == "inconclusive" and not c["informative"]
     assert any("every run of the arm failed or stalled at the unigram loss" in w for w in c["warnings"])
@@ -291,8 +304,8 @@ def test_common_lr_refuses_arms_that_share_no_lr():
 def test_a_higher_is_better_metric_and_the_bootstrap_interval(planted):
     """tokens/s, 10% higher for rmsnorm: better when higher is better (the lr still tuned on the loss), and with
     interval=bootstrap the verdict's interval is the seeded BCa one."""
-    runs = [{**r.summary, "tokens_per_s": 1000.0 * (1.1 if r.get("norm") == "rmsnorm" else 1.0) + r.get("seed")}
-            for r in find_runs(planted)]
+    runs = [{**r.summary, "tokens_per_s": 1000.0 * (1.1 if r.get("norm") == "rmsnorm" else 1.0) + r.get("seed")
+             + (0.0 if r.get("norm") == "layernorm" else 0.5 * (r.get("seed") - 3.5))} for r in find_runs(planted)]
     rms = by_arm(compare(runs, "norm", "layernorm", metric="tokens_per_s", margin=20.0, higher_is_better=True))
     assert rms["rmsnorm"]["diff"] == pytest.approx(100.0) and rms["rmsnorm"]["verdict"] == "better"
     assert rms["scalenorm"]["arm_lr"] == 1e-2  # tuned on the final val loss, not on the speed
@@ -379,3 +392,210 @@ def test_compare_adds_the_window_error_when_asked(tmp_path):
     (tmp_path / "rmsnorm0" / "val_windows.npy").unlink()
     c, = compare(runs, "norm", "layernorm", window_error=True)["comparisons"]
     assert c["ci_method"] == "paired t" and any("no per-window losses" in w for w in c["warnings"])
+
+
+# --- summaries checked against minillm.schema -----------------------------------------------------------------
+
+
+def test_a_summary_that_is_not_a_runs_is_not_readable(tmp_path, capsys):
+    """`{}` became an arm (None: inconclusive) and `"test_loss": "abc"` in one run turned every verdict to the val
+    loss: both are not readable summaries, and --skip-bad leaves them out, each named."""
+    from test_report import report_main
+
+    from minillm.analysis.runs import RunsError
+
+    runs = [run(n, 1e-3, s, 2.0 + 0.01 * s + 0.02 * (n == "rmsnorm"), test_loss=2.0 + 0.01 * s)
+            for n in ("layernorm", "rmsnorm") for s in range(4)]
+    sweep = write_sweep(tmp_path / "s", [*runs, {}, {**runs[0], "seed": 9, "test_loss": "abc"}])
+    with pytest.raises(RunsError, match=r"8/summary.json: not a readable summary.json \(no lr; no seed"):
+        find_runs(sweep)
+    bad: list[str] = []
+    assert len(find_runs(sweep, bad=bad)) == 8 and len(bad) == 2
+    assert "test_loss is 'abc', not number or null" in bad[1]
+    with pytest.raises(CompareError, match="not a readable summary.json .test_loss is 'abc'"):
+        compare([*runs, {**runs[0], "seed": 9, "test_loss": "abc"}], "norm", "layernorm")
+    code, out, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm", "--skip-bad"], capsys)
+    assert code == 0 and err.count("warning: skipped") == 2 and f"{sweep / '8' / 'summary.json'}" in err
+    result = json.loads((sweep / "report" / "verdicts.json").read_text())
+    assert result["metric"] == "test_loss" and [c["arm"] for c in result["comparisons"]] == ["rmsnorm"]
+
+
+# --- an arm is a value with its options (rules version 3) ---------------------------------------------------------
+
+STUDIES = Path(__file__).resolve().parents[1] / "experiments" / "studies"
+
+
+@pytest.mark.parametrize(("round_", "baseline", "arms"), [
+    ("s4_batchnorm/r3_powernorm_nogroup", "layernorm",
+     {"batchnorm", "powernorm (group_scaling=0)", "powernorm (group_scaling=1)"}),
+    ("s4_batchnorm/r4_powernorm_paper", "layernorm",
+     {"batchnorm", "powernorm (group_scaling=0)", "powernorm (group_scaling=1)"}),
+    ("s8_dyt/r1_grid", "rmsnorm", {"dyt (alpha0=0.25)", "dyt (alpha0=0.5)", "dyt (alpha0=1)", "dyt (alpha0=2)"}),
+])
+def test_options_tied_to_the_factor_belong_to_the_arm(round_, baseline, arms):
+    """The committed sweeps whose arms come in option variants gave 0 comparisons (each variant a stratum without
+    the baseline); each variant is now an arm, and the strata are what every arm ran under."""
+    runs = [json.loads(line) for line in (STUDIES / round_ / "runs.jsonl").read_text().splitlines()]
+    assert compare(runs, "norm", baseline, version=2)["comparisons"] == []  # version 2 unchanged
+    result = compare(runs, "norm", baseline)
+    assert {c["arm"] for c in result["comparisons"]} == arms
+    assert "norm_options" not in result["strata_keys"] and len(result["strata_keys"]) == 1
+    for c in result["comparisons"]:
+        assert c["arm_value"] == c["arm"].split(" ")[0] and c["informative"]
+        assert ("norm_options" in c["arm_options"]) == ("(" in c["arm"])
+    assert not any(n.startswith("nothing compared") and "no baseline run" in n and "norm_options" in n
+                   for n in result["notes"])
+
+
+def test_a_setting_the_baseline_varies_in_or_arms_share_still_splits_strata():
+    runs = [run(n, 1e-3, s, 2.0 + 0.01 * s, norm_options={"x": x}) for n in ("layernorm", "rmsnorm")
+            for x in (1, 2) for s in range(3)]
+    result = compare(runs, "norm", "layernorm")
+    assert result["strata_keys"] == ["norm_options"] and {c["arm"] for c in result["comparisons"]} == {"rmsnorm"}
+
+
+def test_pairing_needs_three_shared_seeds_covering_most_runs():
+    """Seeds 0-7 against 7-14 were "paired" on seed 7 alone; Welch sees the +0.1."""
+    rng = np.random.default_rng(1)
+    runs = [run("layernorm", 1e-3, s, 2.0 + rng.normal(0, 0.02)) for s in range(8)]
+    runs += [run("rmsnorm", 1e-3, s, 2.1 + rng.normal(0, 0.02)) for s in range(7, 15)]
+    (old,) = compare(runs, "norm", "layernorm", version=2)["comparisons"]
+    assert old["paired_by"] == "seed" and old["n_pairs"] == 1 and old["verdict"] == "inconclusive"
+    (new,) = compare(runs, "norm", "layernorm")["comparisons"]
+    assert new["paired_by"] == "none" and new["verdict"] == "worse" and new["diff"] == pytest.approx(0.1, abs=0.02)
+    assert any("share 1 seed(s) (7), fewer than 3: compared unpaired (Welch)" in w for w in new["warnings"])
+    arm = [run("rmsnorm", 1e-3, s, 2.1) for s in (5, 6, 7, *range(8, 16))]  # 3 shared seeds of 11
+    few = [r for r in runs if r["norm"] == "layernorm"] + arm
+    (c,) = compare(few, "norm", "layernorm")["comparisons"]
+    assert c["paired_by"] == "none" and any("hold 3 of the arm's 11 runs, not most" in w for w in c["warnings"])
+    (c,) = compare(few, "norm", "layernorm", paired_by="seed")["comparisons"]  # asked for: paired on the 3
+    assert c["paired_by"] == "seed" and c["n_pairs"] == 3
+
+
+def test_common_lr_is_chosen_for_each_arm_and_baseline_pair(planted):
+    """Under version 2 the common lr of scalenorm against layernorm was the best over all five norms (3e-3: worse);
+    scalenorm alone against layernorm picks 1e-2 (better): another arm decided its word. Now each pair picks its
+    own."""
+    runs = find_runs(planted)
+    alone = [r for r in runs if r.get("norm") in ("layernorm", "scalenorm")]
+    old = by_arm(compare(runs, "norm", "layernorm", lr="common", version=2))["scalenorm"]
+    assert old["verdict"] == "worse" and old["arm_lr"] == 3e-3
+    assert by_arm(compare(alone, "norm", "layernorm", lr="common", version=2))["scalenorm"]["verdict"] == "better"
+    for sweep in (runs, alone):
+        c = by_arm(compare(sweep, "norm", "layernorm", lr="common"))["scalenorm"]
+        assert (c["arm_lr"], c["baseline_lr"], c["verdict"]) == (1e-2, 1e-2, "better")
+        assert c["diff"] == pytest.approx(-0.15, abs=0.003)
+
+
+# --- single-stage grid sweeps: exploratory words, or the selection-aware test -------------------------------------
+
+
+def test_a_word_from_an_lr_chosen_on_the_judged_runs_is_exploratory(planted, tmp_path):
+    from minillm.analysis.verdict_files import markdown
+
+    runs = find_runs(planted)
+    tuned = compare(runs, "norm", "layernorm")
+    assert all(c["exploratory"] and "chosen on the judged runs" in c["exploratory_reason"]
+               for c in tuned["comparisons"])
+    for how, reason in (("validation", "validation windows are inside the test split"), ("crossfit", "other half")):
+        c = by_arm(compare(runs, "norm", "layernorm", lr_choice=how))["scalenorm"]
+        assert c["exploratory"] and reason in c["exploratory_reason"]
+    text = markdown(tuned)
+    assert "*Exploratory*: the lr was chosen on the judged runs." in text and "(exploratory) |" in text
+    assert "does not cover these words" in text and "4 of the 4 words" in text
+    for fixed in (compare(runs, "norm", "layernorm", lr=3e-3),
+                  compare([r for r in runs if r.get("lr") == 3e-3], "norm", "layernorm"),
+                  compare(runs, "norm", "layernorm", lr_choice="selection-aware")):
+        assert not any(c["exploratory"] for c in fixed["comparisons"]) and "Exploratory" not in markdown(fixed)
+    assert "exploratory" not in compare(runs, "norm", "layernorm", version=2)["comparisons"][0]
+
+
+def test_the_selection_aware_test_known_answers():
+    """Two arm lrs x two baseline lrs, z-like cells (df inf): better needs one arm lr below both baseline lrs."""
+    from minillm.analysis.selection import grid_test
+
+    z = stats.norm
+    cells = {("a1", "b1"): (-0.05, 0.01, math.inf), ("a1", "b2"): (-0.01, 0.01, math.inf),
+             ("a2", "b1"): (0.02, 0.01, math.inf), ("a2", "b2"): (-0.03, 0.01, math.inf)}
+    got = grid_test(cells, ["a1", "a2"], ["b1", "b2"], margin=0.02, alpha=0.05)
+    # a1: max(p(-5), p(-1)) = cdf(-1); a2: max(cdf(2), cdf(-3)) = cdf(2) -> 2 cdf(-1)
+    assert got["p_better"] == pytest.approx(2 * z.cdf(-1))
+    # b1: max over a of sf(d / se) = sf(-5) vs sf(2) -> sf(-5) ~ 1; b2: max(sf(-1), sf(-3)) = sf(-3) ~ 1
+    assert got["p_worse"] == pytest.approx(1.0)
+    assert got["p"] == pytest.approx(min(1, 4 * z.cdf(-1)))
+    # upper TOST: min over a of max_b cdf((d - 0.02) / se): a1 cdf(-3), a2 cdf(1) -> 2 cdf(-3); the lower half
+    # (some b below every a + margin) fails: b1 has a2 above it by 0.02 + 0.02, b2 has a1 and a2 close to it
+    assert got["p_equivalent_upper"] == pytest.approx(2 * z.cdf(-3))
+    assert got["p_equivalent_lower"] == pytest.approx(1.0) and got["p_equivalent"] == pytest.approx(1.0)
+    assert got["diff"] == pytest.approx(-0.01)  # min_a max_b d: a1 -0.01, a2 +0.02
+    # upper end: min_a max_b (d + z(1 - alpha / 4) se); lower end: max_b min_a (d - z(1 - alpha / 4) se)
+    q = z.ppf(1 - 0.05 / 4)
+    assert got["ci_high"] == pytest.approx(min(-0.01 + q * 0.01, 0.02 + q * 0.01))
+    assert got["ci_low"] == pytest.approx(max(-0.05 - q * 0.01, -0.03 - q * 0.01))
+    one = grid_test({("a", "b"): (-0.05, 0.01, math.inf)}, ["a"], ["b"], 0.02, 0.05)
+    assert one["p"] == pytest.approx(2 * z.cdf(-5)) and one["ci_high"] == pytest.approx(-0.05 + z.ppf(0.975) * 0.01)
+    flat = grid_test({("a", "b"): (-0.05, 0.0, 2.0)}, ["a"], ["b"], 0.02, 0.05)  # a zero spread is no evidence
+    assert flat["p"] == 1.0 and flat["p_equivalent"] == 1.0
+
+
+LR7 = tuple(1e-3 * 2 ** i for i in range(7))
+
+
+def flat_against_steep(rng: np.random.Generator, seeds: int = 8, shift: float = 0.0) -> list[dict]:
+    """7 lrs: the baseline's loss rises 0.03 (i - 3)^2 away from its optimum, the arm is flat at the baseline's
+    optimum (+shift); a seed effect (sd 0.1) shared, each run's own luck sd 0.024."""
+    seed_effect = rng.normal(0, 0.1, seeds)
+    out = []
+    for i, lr in enumerate(LR7):
+        for s in range(seeds):
+            out.append(run("layernorm", lr, s, 2.0 + seed_effect[s] + 0.03 * (i - 3) ** 2 + rng.normal(0, 0.024)))
+            out.append(run("flatnorm", lr, s, 2.0 + shift + seed_effect[s] + rng.normal(0, 0.024)))
+    return out
+
+
+def test_selection_aware_keeps_a_flat_arm_equal_at_the_optimum_from_better():
+    """The tuned lr rewards the flat arm's luck: sweep 2 of this generator is a false better; selection-aware is
+    not, and a flat arm truly 0.1 better is still found."""
+    runs = flat_against_steep(np.random.default_rng(2))
+    (tuned,) = compare(runs, "norm", "layernorm")["comparisons"]
+    assert tuned["verdict"] == "better" and tuned["exploratory"]
+    (aware,) = compare(runs, "norm", "layernorm", lr_choice="selection-aware")["comparisons"]
+    assert aware["verdict"] == "inconclusive" and aware["ci_low"] < 0 < aware["ci_high"]
+    assert aware["lr_choice"]["how"] == "selection-aware" and aware["selection"]["cells"] == 49
+    assert aware["ci_method"] == "selection-aware over 7 x 7 lrs" and not aware["exploratory"]
+    (real,) = compare(flat_against_steep(np.random.default_rng(3), shift=-0.1), "norm", "layernorm",
+                      lr_choice="selection-aware")["comparisons"]
+    assert real["verdict"] == "better" and real["ci_high"] < 0
+
+
+def test_selection_aware_false_better_rate_on_planted_sweeps():
+    """Monte Carlo (fixed seed, 300 sweeps of the cells directly): the flat arm equal at the optimum is called
+    better at most alpha by the selection-aware test, where the best lr on each side read as planned is not; worse
+    by exactly the margin, it is called equivalent at most alpha."""
+    from minillm.analysis.selection import grid_test
+
+    rng = np.random.default_rng(0)
+    curve = 0.03 * (np.arange(7) - 3.0) ** 2
+    aware = naive = equivalent = 0
+    n = 300
+    for _ in range(n):
+        luck = rng.normal(0, 0.024, size=(2, 7, 8))  # arm / baseline, lr, seed (the seed effect cancels in pairs)
+        d = luck[0][:, None, :] - (curve[:, None] + luck[1])[None, :, :]  # arm lr x baseline lr x seed
+        mean, se = d.mean(axis=2), d.std(axis=2, ddof=1) / math.sqrt(8)
+        cells = {(a, b): (mean[a, b], se[a, b], 7.0) for a in range(7) for b in range(7)}
+        aware += grid_test(cells, range(7), range(7), 0.02, 0.05)["p_better"] <= 0.025
+        at_margin = {ab: (v + 0.02, e, f) for ab, (v, e, f) in cells.items()}  # the flat arm worse by the margin
+        equivalent += grid_test(at_margin, range(7), range(7), 0.02, 0.05)["p_equivalent"] <= 0.05
+        a, b = int(luck[0].mean(axis=1).argmin()), int((curve + luck[1].mean(axis=1)).argmin())
+        naive += stats.t.cdf(mean[a, b] / se[a, b], 7) <= 0.025
+    assert aware / n <= 0.05 < naive / n and equivalent / n <= 0.05
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lr": "common"}, "--lr: common cannot be combined with --lr-choice selection-aware; allowed: tuned"),
+    ({"interval": "bootstrap"}, "--interval: bootstrap cannot be combined"),
+    ({"window_error": True}, "--window-error: true cannot be combined"),
+])
+def test_selection_aware_refuses_rules_it_cannot_test(planted, kwargs, message):
+    with pytest.raises(CompareError, match=message):
+        compare(find_runs(planted), "norm", "layernorm", lr_choice="selection-aware", **kwargs)

@@ -14,6 +14,8 @@ choice can read other data than the verdict:
                 sees: measured on simulated sweeps equal at their optimum, it says a false better / worse about
                 twice as often as alpha (docs/comparing.md), so it is not the default.
     same        the lr chosen on the runs that judge it, with a warning.
+    selection-aware  each arm's best lr shown, the words from a test over every lr of both grids that accounts
+                for the choice (minillm.analysis.selection; rules version 3 labels the three above exploratory).
     auto        validation where the verdict reads the test loss, else same. With the words adjusted, both keep the
                 family-wise rate of a false word at alpha on those simulated sweeps (a flatter arm gets most of it).
 
@@ -89,7 +91,7 @@ def choose_lrs(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, met
 class Choice:
     """The lrs of one stratum's values and the runs each value enters the comparison with."""
 
-    how: str  # one lr | given | cross-fit | validation | same data
+    how: str  # one lr | given | cross-fit | validation | same data | selection-aware
     chosen_on: str | None  # the loss the lr was chosen on
     lrs: dict[Any, Any]  # value -> its lr (cross-fit: [first half's, second half's] when they differ)
     grids: dict[Any, dict[Any, float]]  # value -> loss by lr over every seed (the choice metric)
@@ -132,11 +134,15 @@ def choose(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, lr_choi
                                           f"the seeds{where} ({', '.join(map(label, first))} | "
                                           f"{', '.join(map(label, second))}); allowed: auto, validation, same")
     how = lr_choice if lr_choice != "auto" else ("validation" if metric == schema.TEST_LOSS else "same")
-    chosen_on = CHOICE_METRIC if how != "same" and (metric == schema.TEST_LOSS or metric not in LOSSES) else (
+    on_judged = how in ("same", "selection-aware")  # selection-aware: the best shown, the test over the grid
+    chosen_on = CHOICE_METRIC if not on_judged and (metric == schema.TEST_LOSS or metric not in LOSSES) else (
         metric if metric in LOSSES else CHOICE_METRIC)
     everyone = choose_lrs(by_value, rule, chosen_on, where)
     lrs = {v: p[0] for v, p in everyone.items()}
     grids, warns = {v: p[1] for v, p in everyone.items()}, {v: p[2] for v, p in everyone.items()}
+    if how == "selection-aware":
+        runs = {v: [r for r in rs if _same(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
+        return Choice(how, chosen_on, lrs, grids, runs, warns)
     if how != "crossfit":
         runs = {v: [r for r in rs if _same(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
         note = (f"the lr was chosen on the {chosen_on} of the runs whose {metric} judges the verdict: their own luck "

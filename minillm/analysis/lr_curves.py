@@ -12,7 +12,16 @@ proxies for large-scale Transformer training instabilities"). Per seed:
 
 Each is compared paired by seed (the t interval of the differences), with an equivalence margin of its own
 (margin, range_margin, rate_margin), and the words follow minillm.analysis.stats.decide with the family-wise
-adjustment over every (arm, stratum, measure) of the report.
+adjustment over every (arm, stratum, measure) of the stability table (rules version 2).
+
+Rules version 3 (``aligned_measures``): each arm's curve is read around its own best lr (the lowest seed-mean loss
+on the grid), over the grid steps -a..+b from it that both arms' grids hold, so that the same curve shifted along
+the grid measures the same; the lr sensitivity is taken over the lrs where both runs of a seed pair trained (a
+failure is the failure rate's, not a high loss), the trainable range over the trained lrs; the sensitivity is
+compared by the paired t test (no evidence when the differences do not vary), the range by the sign test and the
+failure rate by the exact test stratified by seed (minillm.analysis.exact), each with its equivalence test; the
+words come from the report's one family (minillm.analysis.family). A warning says when the arms' best lrs differ
+or one sits at the grid's edge.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm import schema
-from minillm.analysis import stats
+from minillm.analysis import exact, stats
 from minillm.analysis.rules import Rules, failed, value_of
 from minillm.analysis.runs import group_runs, hashable, label, sort_key
 
@@ -77,6 +86,105 @@ def _compare_measure(arm: Sequence[float], base: Sequence[float], measure: str, 
                                       _margin(measure, rules)), "sd": t["sd"]}
 
 
+def _best_index(curves: Mapping[Any, Mapping[Any, tuple[float, bool]]], grid: Sequence[Any],
+                seeds: Sequence[Any]) -> int | None:
+    """The grid index of an arm's best lr: the lowest mean over the paired seeds (a failed run at ln V); None when
+    no run of the arm trained at any lr of the grid."""
+    if all(curves[s][lr][1] for s in seeds for lr in grid):
+        return None
+    return min(range(len(grid)), key=lambda i: statistics.fmean(curves[s][grid[i]][0] for s in seeds))
+
+
+def _trainable_range(loss: Sequence[float], trained: Sequence[bool], lrs: Sequence[float], tolerance: float) -> \
+        float | None:
+    """The decades of the contiguous trained lrs around the best trained one within ``tolerance`` of it."""
+    if not any(trained):
+        return None
+    best = min((i for i in range(len(loss)) if trained[i]), key=loss.__getitem__)
+    low = high = best
+    while low > 0 and trained[low - 1] and loss[low - 1] <= loss[best] + tolerance:
+        low -= 1
+    while high < len(loss) - 1 and trained[high + 1] and loss[high + 1] <= loss[best] + tolerance:
+        high += 1
+    return math.log10(lrs[high] / lrs[low])
+
+
+def aligned_measures(arm_c: Mapping, base_c: Mapping, grid: Sequence[Any], seeds: Sequence[Any], rules: Rules) -> \
+        tuple[dict[str, list[tuple[float | None, float | None]]], list[str]]:
+    """Rules version 3: per seed pair, (arm, baseline) of each measure read around each arm's own best lr (module
+    docstring; None where a seed has nothing to measure), and the warnings about the arms' optima."""
+    out: dict[str, list] = {m: [] for m in MEASURES}
+    out["failures"] = []  # (k_arm, n, k_base, n) per seed, for the stratified exact test
+    if not seeds:
+        return out, []
+    best = {"arm": _best_index(arm_c, grid, seeds), "baseline": _best_index(base_c, grid, seeds)}
+    untrained = [who for who, b in best.items() if b is None]
+    for s in seeds:
+        k = {who: sum(c[s][lr][1] for lr in grid) for who, c in (("arm", arm_c), ("baseline", base_c))}
+        out["failure_rate"].append((k["arm"] / len(grid), k["baseline"] / len(grid)))
+        out["failures"].append((k["arm"], len(grid), k["baseline"], len(grid)))
+        if untrained:
+            out["lr_sensitivity"].append((None, None))
+            out["lr_range_decades"].append((None, None))
+    if untrained:
+        return out, [f"the {' and the '.join(untrained)} trained at no lr of the grid: no lr sensitivity or range, "
+                     "only the failure rate"]
+    low, high = -min(best.values()), min(len(grid) - 1 - b for b in best.values())
+    warnings = []
+    if best["arm"] != best["baseline"]:
+        warnings.append(f"the arms' best lrs differ (arm {label(grid[best['arm']])}, baseline "
+                        f"{label(grid[best['baseline']])}): lr sensitivity and range are read around each arm's own "
+                        f"best, over the {high - low + 1} grid steps ({low:+d} to {high:+d}) both can show")
+    for who, b in best.items():
+        if b in (0, len(grid) - 1) and len(grid) > 1:
+            warnings.append(f"the {who}'s best lr {label(grid[b])} sits at the grid's edge: its curve beyond is "
+                            "unseen, and the measures are bounded by the grid")
+    for s in seeds:
+        window = {who: [grid[best[who] + o] for o in range(low, high + 1)] for who in best}
+        seed_curve = {"arm": arm_c[s], "baseline": base_c[s]}
+        loss = {who: [seed_curve[who][lr][0] for lr in window[who]] for who in best}
+        trained = {who: [not seed_curve[who][lr][1] for lr in window[who]] for who in best}
+        both = [i for i in range(high - low + 1) if trained["arm"][i] and trained["baseline"][i]]
+        sens = {who: (statistics.fmean(loss[who][i] for i in both) - min(loss[who][i] for i in both)
+                      if len(both) >= 2 else None) for who in best}
+        out["lr_sensitivity"].append((sens["arm"], sens["baseline"]))
+        out["lr_range_decades"].append(tuple(_trainable_range(loss[who], trained[who], window[who], rules.tolerance)
+                                             for who in best))
+    return out, warnings
+
+
+def _compare_v3(found: Mapping[str, list], measure: str, rules: Rules) -> dict:
+    """One measure's comparison under rules version 3: the difference, its test and equivalence test, no words."""
+    pairs = [(a, b) for a, b in found[measure] if a is not None and b is not None]
+    arm, base = [a for a, _ in pairs], [b for _, b in pairs]
+    diffs = [a - b for a, b in pairs]
+    margin, warnings = _margin(measure, rules), []
+    entry = {"arm_mean": statistics.fmean(arm) if arm else None,
+             "baseline_mean": statistics.fmean(base) if base else None,
+             "diff": statistics.fmean(diffs) if diffs else None, "ci_low": None, "ci_high": None, "p": None,
+             "margin": margin, "p_equivalent": None, "sd": statistics.stdev(diffs) if len(diffs) > 1 else None,
+             "n": len(pairs)}
+    if measure == "lr_sensitivity":
+        t = stats.paired_t(arm, base, rules.alpha)
+        entry["test"] = "paired t"
+        if exact.degenerate(t["sd"], arm + base):
+            warnings.append(f"{measure}: the differences do not vary (sd {t['sd']:.2g}): no evidence either way")
+        elif t["p"] is not None:
+            error = stats.standard_error(arm, base, True)
+            entry.update(ci_low=t["ci_low"], ci_high=t["ci_high"], p=t["p"],
+                         p_equivalent=stats.tost_p(t["diff"], *error, margin))
+        entry["direction"] = entry["diff"]
+    else:
+        signs = exact.sign_tests(diffs, margin)
+        entry["p_equivalent"] = signs["p_equivalent"]
+        if measure == "failure_rate":  # the direction of the pooled counts the exact test reads
+            entry.update(test="exact, stratified by seed; equivalence: sign tests", direction=entry["diff"],
+                         p=exact.stratified_exact_p(found["failures"]))
+        else:  # the sign test's: the median difference
+            entry.update(test="sign test", direction=statistics.median(diffs) if diffs else None, p=signs["p"])
+    return {**entry, "warnings": warnings}
+
+
 def stability(records: Sequence[Mapping], rules: Rules, metric: str, keys: Sequence[str], base_value: Any) -> dict:
     """The stability verdicts of every arm in every stratum (module docstring) and the curves for the figure."""
     comparisons, curves, notes = [], [], []
@@ -107,17 +215,28 @@ def stability(records: Sequence[Mapping], rules: Rules, metric: str, keys: Seque
                              + (f" ({', '.join(f'{k}={label(v)}' for k, v in stratum.items())})" if stratum else "")
                              + ": fewer than 2 lrs that every seed of both arms ran")
                 continue
-            per_seed = {who: [measures({lr: c[s][lr] for lr in grid}, rules.tolerance) for s in seeds]
-                        for who, c in (("arm", arm_c), ("baseline", base_c))}
             if len(seeds) < 3:
                 warnings.append(f"only {len(seeds)} seeds with the whole grid in both arms (fewer than 3): not "
                                 "informative")
+            if rules.version >= 3:
+                found, why = aligned_measures(arm_c, base_c, grid, seeds, rules)
+                compared = {m: _compare_v3(found, m, rules) for m in MEASURES}
+                warnings += why + [w for e in compared.values() for w in e.pop("warnings")]
+            else:
+                per_seed = {who: [measures({lr: c[s][lr] for lr in grid}, rules.tolerance) for s in seeds]
+                            for who, c in (("arm", arm_c), ("baseline", base_c))}
+                compared = {m: _compare_measure([x[m] for x in per_seed["arm"]], [x[m] for x in per_seed["baseline"]],
+                                                m, rules) for m in MEASURES}
             comparisons.append({
                 "arm": rs[0].get(rules.factor), "baseline": base_value, "stratum": stratum,
                 "grid": grid, "n_pairs": len(seeds), "seeds": seeds, "warnings": warnings,
-                "informative": len(seeds) >= 3,
-                "measures": {m: _compare_measure([x[m] for x in per_seed["arm"]], [x[m] for x in per_seed["baseline"]],
-                                                 m, rules) for m in MEASURES}})
+                "informative": len(seeds) >= 3, "measures": compared})
+    inits = [r.get(schema.LOSS_INIT) for r in records if isinstance(r.get(schema.LOSS_INIT), (int, float))]
+    result = {"tolerance": rules.tolerance, schema.LOSS_INIT: max(inits) if inits else None, "family": None,
+              "measures": {m: {"unit": u, "higher_is_better": h, "meaning": d} for m, (u, h, d) in MEASURES.items()},
+              "comparisons": comparisons, "curves": curves, "notes": notes}
+    if rules.version >= 3:  # the words come from the report's family (minillm.analysis.family)
+        return result
     tests = [(c["measures"][m]["p"], c["measures"][m]["p_equivalent"]) for c in comparisons for m in MEASURES]
     adjusted = iter(stats.step_down(tests) if rules.adjust == "holm" else tests)
     for c in comparisons:
@@ -126,11 +245,7 @@ def stability(records: Sequence[Mapping], rules: Rules, metric: str, keys: Seque
             entry["p_adjusted"], entry["p_equivalent_adjusted"] = next(adjusted)
             entry["verdict"] = stats.decide(entry["diff"], entry["p_adjusted"], entry["p_equivalent_adjusted"],
                                          rules.alpha, higher_is_better)
-    inits = [r.get(schema.LOSS_INIT) for r in records if isinstance(r.get(schema.LOSS_INIT), (int, float))]
-    return {"tolerance": rules.tolerance, schema.LOSS_INIT: max(inits) if inits else None,
-            "family": len(tests) if rules.adjust == "holm" else 1,
-            "measures": {m: {"unit": u, "higher_is_better": h, "meaning": d} for m, (u, h, d) in MEASURES.items()},
-            "comparisons": comparisons, "curves": curves, "notes": notes}
+    return {**result, "family": len(tests) if rules.adjust == "holm" else 1}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -16,7 +16,7 @@ LOSSES = (schema.FINAL_VAL_LOSS, schema.BEST_VAL_LOSS, schema.TEST_LOSS)  # loss
 AUTO_METRIC = "auto"  # test_loss where every compared run that trained has one, else final_val_loss
 CHOICE_METRIC = schema.FINAL_VAL_LOSS  # what an lr is chosen on when the verdict reads the held-out test loss
 LR_RULES = ("tuned", "common")  # or a learning rate
-LR_CHOICES = ("auto", "crossfit", "validation", "same")
+LR_CHOICES = ("auto", "crossfit", "validation", "same", "selection-aware")
 FAILURES = ("penalize", "drop")
 ADJUSTS = ("holm", "none")
 EQUIVALENCE = ("tost", "interval")
@@ -80,6 +80,13 @@ class Rules:
         if self.version not in VERSIONS:
             raise CompareError("--rules-version", f"{self.version} is invalid; allowed: "
                                f"{', '.join(map(str, VERSIONS))}")
+        if self.lr_choice == "selection-aware":
+            for name, bad, allowed in (("lr", self.lr == "common", "tuned or a learning rate"),
+                                       ("interval", self.interval == "bootstrap", "t"),
+                                       ("window_error", self.window_error, "off")):
+                if bad:
+                    raise CompareError(OPTIONS[name], f"{str(getattr(self, name)).lower()} cannot be combined with "
+                                                      f"--lr-choice selection-aware; allowed: {allowed}")
         for name, allowed in (("lr_choice", LR_CHOICES), ("failures", FAILURES), ("adjust", ADJUSTS),
                               ("equivalence", EQUIVALENCE), ("paired_by", PAIRED_BY), ("interval", INTERVALS)):
             if getattr(self, name) not in allowed:

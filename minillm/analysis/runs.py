@@ -38,7 +38,8 @@ class RunsError(ValueError):
 
 
 def read_summary(path: Path) -> dict[str, Any]:
-    """A summary.json as a dict; RunsError naming the file when it is not one (truncated, edited, unreadable)."""
+    """A summary.json as a dict; RunsError naming the file when it is not one (truncated, edited, unreadable, or
+    not a run's by minillm.schema: a required field missing, a field of another type)."""
     try:
         summary = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
@@ -46,6 +47,8 @@ def read_summary(path: Path) -> dict[str, Any]:
                         ) from None
     if not isinstance(summary, dict):
         raise RunsError(f"{path}: not a readable summary.json (a JSON {type(summary).__name__}, not an object)")
+    if wrong := schema.problems(summary):
+        raise RunsError(f"{path}: not a readable summary.json ({'; '.join(wrong)}: minillm.schema's fields)")
     return summary
 
 

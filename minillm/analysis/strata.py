@@ -77,6 +77,16 @@ def resolve_metric(records: Sequence[Mapping], metric: str) -> tuple[str, str | 
                               "(test=false?): the verdicts read the final val loss")
 
 
+def check_summaries(runs: Sequence[Any]) -> None:
+    """CompareError naming the run for a summary that is not a run's by minillm.schema (a required field missing,
+    a field of another type: a loss of "abc" never silently turns the metric to another)."""
+    for run in runs:
+        summary = getattr(run, "summary", run)
+        if wrong := schema.problems(summary):
+            where = getattr(run, "dir", None) or summary.get("run_dir") or "a run"
+            raise CompareError("sweep", f"{where}: not a readable summary.json ({'; '.join(wrong)})")
+
+
 def check_request(records: Sequence[Mapping], rules: Rules, metric: str) -> Any:
     """Raise CompareError (naming the option and what is allowed) for a request the runs cannot answer; return the
     baseline's value as the runs hold it."""

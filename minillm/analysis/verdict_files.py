@@ -21,11 +21,12 @@ from typing import Any
 
 import yaml
 
-from minillm.analysis import design_check, lr_curves, plans
+from minillm.analysis import design_check, family, lr_curves, plans
 from minillm.analysis.compare import compare, some
 from minillm.analysis.rules import ADJUSTS, EQUIVALENCE, FAILURES, INTERVALS, LR_CHOICES, OPTIONS, CompareError, Rules
 from minillm.analysis.runs import label, records_of
 from minillm.analysis.stats import PLAN_POWER, VERDICT_RULES, VERDICTS
+from minillm.analysis.verdict_text import MEANING_V3, _failure_cell, _family_text, _p, _sentence_v3, v2
 from minillm.paths import config_dir, sweep_group
 
 log = logging.getLogger("minillm")
@@ -52,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "best on average), or a learning rate")
     g.add_argument("--lr-choice", choices=LR_CHOICES, help="the data a tuned or common lr is chosen on (default auto: "
                    "the validation loss where the verdict reads the test loss, else the judging runs, with a "
-                   "warning; crossfit: each half of the seeds judged at the lr the other half chose)")
+                   "warning; crossfit: each half of the seeds judged at the lr the other half chose; these words are "
+                   "exploratory); selection-aware: each arm's best lr against the baseline's over the whole grid, "
+                   "the choice in the test")
     g.add_argument("--failures", choices=FAILURES, help="penalize (default: a failed run counts at ln V, every pair "
                    "stays) or drop (survivors only, labelled so)")
     g.add_argument("--no-adjust", dest="adjust", action="store_const", const=ADJUSTS[1], help="words at alpha for "
@@ -143,10 +146,6 @@ def _lrs(c: dict) -> str:
     return _lr_text(c["arm_lr"]) if same else f"{_lr_text(c['arm_lr'])} (baseline {_lr_text(c['baseline_lr'])})"
 
 
-def _p(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2g}"
-
-
 def legacy(result: dict) -> bool:
     """Words from the unadjusted interval, failed runs dropped: the rules registered before 2026-11-28."""
     return result.get("equivalence") == "interval" and result.get("adjust") == "none"
@@ -161,13 +160,16 @@ def sentence(c: dict, result: dict) -> str:
             "inconclusive": f"**{arm} against {base}: inconclusive**"}[word]
     n = f"{c['n_pairs']} pairs" if c["n_pairs"] is not None else f"{c['n_arm']} / {c['n_baseline']} runs, unpaired"
     adjusted = ("" if result.get("family", 1) == 1 or c.get("p_adjusted") is None else
-                f", p adjusted for {result['family']} comparisons {_p(c['p_adjusted'])}")
+                f", p adjusted for {result['family']} comparisons {_p(c['p_adjusted'])}" if v2(result) else
+                f", p adjusted for the report's {result['family']} tests {_p(c['p_adjusted'])}")
     diff = ("no difference to show" if c["diff"] is None else
             f"{result['metric']} {c['diff']:+.4f} [{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] ({c['ci_method']}, "
             f"{n}{adjusted})")
     estimand = f" ({c['estimand']})" if c.get("estimand") else ""
     text = f"{head}{where}{estimand}: {diff}"
     fails = c["fail_arm"] or c["fail_baseline"]
+    if not v2(result):
+        return _sentence_v3(c, result, text)[:-1] + _breach(c) + "."
     if fails and result["failures_rule"] == "penalize":
         text += (f"; it failed in {c['fail_arm']} of {c['n_arm']} runs (baseline {c['fail_baseline']} of "
                  f"{c['n_baseline']}, Fisher p {_p(c['fisher_p'])}), each counted at ln V")
@@ -183,9 +185,12 @@ def sentence(c: dict, result: dict) -> str:
         text += f"; about {c['seeds_needed']} pairs would decide{power}"
     if not c["informative"]:
         text += " (not informative: see the warnings)"
-    if c.get("preregistered") is False:
-        text += " (**not pre-registered**: the runs breach the frozen design, see the warnings)"
-    return text + "."
+    return text + _breach(c) + "."
+
+
+def _breach(c: dict) -> str:
+    return (" (**not pre-registered**: the runs breach the frozen design, see the warnings)"
+            if c.get("preregistered") is False else "")
 
 
 def short_line(c: dict) -> str:
@@ -212,12 +217,26 @@ def rules_text(result: dict) -> list[str]:
                                    "stays and an arm that fails more is worse",
                                    "drop": "left out (survivors only, --failures drop)",
                                    "drop (not a loss)": "left out (the metric has no penalty value)"}
-        [result["failures_rule"]] + "; failure rates compared by Fisher's exact test. "
-        + (f"The words keep the family-wise error at {result['alpha']:g} over the {fam} comparisons "
+        [result["failures_rule"]] + ("; failure rates compared by Fisher's exact test. " if v2(result) else
+                                     "; failure counts compared by Boschloo's exact test, a word of their own. ")
+        + (_family_text(result) if not v2(result) else
+           f"The words keep the family-wise error at {result['alpha']:g} over the {fam} comparisons "
            "(step-down over the tests of no difference and of equivalence)." if fam > 1 else
            "The words are read at alpha for each comparison alone." if legacy(result) or result.get("adjust") == "none"
            else "One comparison: the words at alpha."))
     return lines
+
+
+def exploratory_text(result: dict) -> list[str]:
+    """The paragraph saying which words the report's promise does not cover (rules version 3)."""
+    found = [c for c in result["comparisons"] if c.get("exploratory")]
+    if not found:
+        return []
+    return ["", f"**Exploratory**: {len(found)} of the {len(result['comparisons'])} words come from an lr chosen on "
+                "the runs they judge (" + "; ".join(sorted({c["exploratory_reason"] for c in found}))
+            + "). Such a choice favours an arm with a flat loss-vs-lr curve, so the promise above (the chance of any "
+              "false word at most alpha) does not cover these words: confirm them at fixed lrs on fresh seeds, or "
+              "test the whole grid with --lr-choice selection-aware."]
 
 
 def _lr_choice_text(c: dict) -> str:
@@ -227,11 +246,13 @@ def _lr_choice_text(c: dict) -> str:
 
 def markdown(result: dict) -> str:
     lines = [f"# Verdicts: {result['factor']} against {label(result['baseline'])}", ""]
-    lines += [f"- {sentence(c, result)}" for c in result["comparisons"]] or ["- nothing compared"]
+    lines += [f"- {sentence(c, result)}" + (" *Exploratory*: the lr was chosen on the judged runs."
+                                            if c.get("exploratory") else "")
+              for c in result["comparisons"]] or ["- nothing compared"]
     if result.get("unfinished"):
         lines += ["", f"**{len(result['unfinished'])} run(s) of the sweep have not ended** (no summary.json yet, or "
                       f"the run's lock is held): {some(result['unfinished'])}. The verdicts may change."]
-    lines += [""] + rules_text(result)
+    lines += [""] + rules_text(result) + exploratory_text(result)
     plan = result.get("plan")
     if plan:
         lines += ["", f"**Pre-registered**: plan {plan['path']}, sha256 {plan['plan_hash'][:12]}, recorded "
@@ -243,19 +264,21 @@ def markdown(result: dict) -> str:
                   + f"; runs of unplanned seeds left out: {len(plan['unplanned_runs'])}."
                   + design_check.report_text(plan)]
     header = ["arm", "stratum", "lr (arm / baseline)", "lr chosen", "pairs", "diff", "interval",
-              "p (adjusted)" if not legacy(result) else "p (Holm)", "verdict", "failed (arm / baseline, Fisher p)",
+              "p (adjusted)" if not legacy(result) else "p (Holm)", "verdict",
+              "failed (arm / baseline, Fisher p)" if v2(result) else "failed (arm / baseline, Boschloo p adjusted)",
               "seeds needed"] + (["expected"] if plan else [])
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in result["comparisons"]:
         interval = (f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] {c['ci_method']}" if c["ci_low"] is not None
                     else f"- ({c['ci_method']})")
-        ruling = f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
+        ruling = (f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
+                  + (" (exploratory)" if c.get("exploratory") else ""))
         adjusted = c["p_holm"] if legacy(result) else c.get("p_adjusted")
         row = [label(c["arm"]), _stratum(c), f"{_lr_text(c['arm_lr'])} / {_lr_text(c['baseline_lr'])}",
                _lr_choice_text(c), _fmt(c["n_pairs"]) if c["n_pairs"] is not None else "unpaired", _fmt(c["diff"]),
                interval, f"{_p(c['p'])} ({_p(adjusted)})", ruling,
-               f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {_p(c['fisher_p'])}",
-               _fmt(c["seeds_needed"])]
+               f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {_p(c['fisher_p'])}"
+               if v2(result) else _failure_cell(c), _fmt(c["seeds_needed"])]
         if plan:
             row.append(f"{c['expected'] or '-'}" + ("" if c["as_expected"] is None else
                                                      " (met)" if c["as_expected"] else " (not met)"))
@@ -270,9 +293,10 @@ def markdown(result: dict) -> str:
         lines += [f"- left out, stopped by a signal and not resumed: {d}" for d in result["left_out"]]
         lines += [f"- left out, listed twice (the same run): {d}" for d in result.get("duplicates", [])]
     lines += ["", "## What the verdicts mean", ""]
-    words = VERDICTS if legacy(result) else VERDICT_RULES
+    words = VERDICTS if legacy(result) else VERDICT_RULES if v2(result) else family.VERDICT_RULES
     lines += [f"- **{word}**: {meaning}." for word, meaning in words.items()]
-    lines += (["- **significant** (verdicts.json): the interval excludes 0; p (Holm) adjusts p across the report's "
+    lines += MEANING_V3 if not v2(result) else (
+        ["- **significant** (verdicts.json): the interval excludes 0; p (Holm) adjusts p across the report's "
                "comparisons. **seeds needed**: for an inconclusive arm, the pairs a paired t interval would need to "
                "decide at the observed mean and spread."] if legacy(result) else
               ["- **p (adjusted)**: the test of no difference after the family-wise adjustment; the interval shown "
@@ -291,7 +315,11 @@ def stability_markdown(result: dict) -> list[str]:
     lines = ["", "## Stability over the lr grid", "",
              f"Per seed, over the lrs both arms ran (a failed run at ln V): lr sensitivity (mean loss minus the best, "
              f"nats), the trainable lr range (decades within {stab['tolerance']:g} nats of the best) and the failure "
-             f"rate; paired by seed; words adjusted over the {stab['family']} tests of this table.", "",
+             + (f"rate; paired by seed; words adjusted over the {stab['family']} tests of this table."
+                if v2(result) else
+                "rate; each arm's curve read around its own best lr; the sensitivity over the lrs where both runs of "
+                "a pair trained (paired t), the range by the sign test, the failure rate by the exact test stratified "
+                f"by seed; words adjusted in the report's one family of {stab['family']} tests."), "",
              "| arm | stratum | seeds | measure | arm | baseline | diff [interval] | p (adjusted) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in stab["comparisons"]:
@@ -301,6 +329,8 @@ def stability_markdown(result: dict) -> list[str]:
                          f"{_fmt(e['baseline_mean'])} | {interval} | {_p(e['p'])} ({_p(e['p_adjusted'])}) | "
                          f"**{e['verdict']}**{'' if c['informative'] else ' (not informative)'} |")
     lines += [f"- {n}" for n in stab["notes"]]
+    if not v2(result):
+        lines += [f"- {label(c['arm'])} ({_stratum(c)}): {w}" for c in stab["comparisons"] for w in c["warnings"]]
     return lines
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,11 +58,14 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
 
 
 def set_threads(cfg: DictConfig) -> None:
-    """torch's intra-op threads: ``threads``, else one per job under the joblib launcher (jobs share the cores)."""
+    """torch's intra-op threads: ``threads``, else one per job under the joblib launcher (jobs share the cores), else
+    the CPUs SLURM gave each task (``--cpus-per-task``; torch would take every core of the node)."""
     threads = cfg.get("threads")
     if threads is None and HydraConfig.initialized():
         launcher = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default=""))
         threads = 1 if "Joblib" in launcher else None
+    if threads is None and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        threads = int(os.environ["SLURM_CPUS_PER_TASK"])
     if threads:
         torch.set_num_threads(int(threads))
 

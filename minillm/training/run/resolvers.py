@@ -28,6 +28,7 @@ from minillm.errors import ConfigError, check_name
 from minillm.model_config import PLACEMENTS, QK_NORMS
 from minillm.training.checkpointing import RESUME_FILES
 from minillm.training.optim import SCHEDULES
+from minillm.training.run import slurm
 from minillm.training.run.checks import PRECISIONS, TEST_WEIGHTS
 
 
@@ -141,6 +142,7 @@ def minimum(*values: object) -> object:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("minillm.slurm_gpus", slurm_gpus, replace=True)
     OmegaConf.register_new_resolver("minillm.slurm_tasks", slurm_tasks, replace=True)
+    OmegaConf.register_new_resolver("minillm.slurm_cpus", slurm.slurm_cpus, replace=True, use_cache=True)
     OmegaConf.register_new_resolver("minillm.choices", choices, replace=True)
     OmegaConf.register_new_resolver("minillm.min", minimum, replace=True)
     # use_cache: the resolved value travels with the config to launcher processes (joblib, submitit)
