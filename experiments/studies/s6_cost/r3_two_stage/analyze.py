@@ -1,4 +1,4 @@
-"""S6 round 3 (pre-registered, not yet run): is RMSNorm as good as LayerNorm in the CPU study's model, each at the lr
+"""S6 round 3 (pre-registered): is RMSNorm as good as LayerNorm in the CPU study's model, each at the lr
 a 3-seed pilot chose? The two-stage design end to end (docs/comparing.md, "The two-stage design"): plan.yaml
 recorded by minillm-plan before any run, a pilot over the lr grid, the freeze (each norm's lr, the pilot's spread,
 the judged seeds the margin needs), fresh judged seeds at the frozen lrs only, graded as `minillm-report --plan`
@@ -116,7 +116,7 @@ def analyze(runs: Runs, path: Path | None = None) -> tuple[dict, str]:
     untrained = [f"{n} seed {s}" for n in NORMS for s, v in judged[n].items() if unigram is None or v >= unigram]
     gate = pre.reported("both norms tuned and trained (a parity between untuned or untrained models says nothing)",
                         "each norm's pilot-chosen lr; judged runs below the unigram loss",
-                        f"an lr inside the grid {LRS[0]:g}-{LRS[-1]:g}, every judged run below ln-unigram "
+                        f"an lr inside the grid {LRS[0]:g}-{LRS[-1]:g}, every judged run below the unigram loss "
                         f"{fmt(unigram)}", {n: frozen["lrs"][n] for n in NORMS},
                         "absent" if any(edge.values()) or untrained else "present",
                         "the freeze stage of plan.json; the judged runs")
@@ -151,7 +151,7 @@ def analyze(runs: Runs, path: Path | None = None) -> tuple[dict, str]:
           + table(["seed", BASELINE, ARM, f"{ARM} - {BASELINE}"],
                   [[s, judged[BASELINE].get(s), judged[ARM].get(s), diffs.get(s)] for s in judged_seeds], 4) +
           f"\n\n### Verdict (the engine's, graded by the recorded plan)\n\n{ARM} - {BASELINE}: "
-          f"{fmt(c.get('diff'), 4)} nats, 95% CI {ci} over {c.get('n_pairs')} pairs (p of no difference "
+          f"{c['diff']:+.4f} nats, 95% CI {ci} over {c.get('n_pairs')} pairs (p of no difference "
           f"{fmt(c.get('p'), 3)}, of the equivalence test {fmt(c.get('p_equivalent'), 3)}): engine word "
           f"**{c['verdict']}** (expected {c.get('expected')}); pre-registered: {fmt(c.get('preregistered'))}; "
           f"breaches of the design: {len(design['breaches'])}; estimand: {c.get('estimand')}. Round verdict: "
@@ -192,6 +192,7 @@ def plot(runs: Runs, out: Path, path: Path | None = None) -> None:
         x = seeds[-1] + 1.5
         axes[1].errorbar([x], [c["diff"]], yerr=[[c["diff"] - c["ci_low"]], [c["ci_high"] - c["diff"]]], fmt="s",
                          color="k", capsize=4, label=f"mean, 95% CI: {c['verdict']}")
+    axes[1].set_xticks([*seeds, seeds[-1] + 1.5], [*map(str, seeds), "mean"])
     axes[1].set(xlabel="judged seed", ylabel=f"{ARM} - {BASELINE} (nats)",
                 title=f"judged seeds, frozen lrs ({_lrs(frozen)})")
     axes[1].legend(fontsize=7)
