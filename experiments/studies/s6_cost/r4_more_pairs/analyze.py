@@ -1,4 +1,4 @@
-"""S6 round 4 (pre-registered, not yet run): round 3's comparison with the seeds its report asked for. Is RMSNorm as
+"""S6 round 4 (pre-registered): round 3's comparison with the seeds its report asked for. Is RMSNorm as
 good as LayerNorm in the CPU study's model, both at lr 3e-3 (the lr round 3's 3-seed pilot chose for each norm),
 over 31 fresh seed pairs? Round 3 (two stages) was inconclusive over the 3 judged pairs its pilot's spread planned,
 +0.0112 nats, 95% CI [-0.0323, +0.0547], and the engine asked about 31 pairs at the judged spread (sd 0.0175). The
