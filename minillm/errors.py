@@ -44,7 +44,8 @@ class CheckpointError(ConfigError):
 
 def invalid(field: str, value: Any, allowed: str) -> ConfigError:
     """The one message format: ``<field>=<value> is invalid; allowed: <what is allowed>``."""
-    return ConfigError(f"{field}={value!r} is invalid; allowed: {allowed}")
+    shown = "null" if value is None else repr(value)  # as an override writes it (model.x=null)
+    return ConfigError(f"{field}={shown} is invalid; allowed: {allowed}")
 
 
 def check_int(field: str, value: Any, low: int | None = None, high: int | None = None,

@@ -87,7 +87,7 @@ def test_unreadable_checkpoint_is_a_clear_error_naming_the_file(kind, tmp_path):
 
 def test_resume_from_a_truncated_checkpoint_is_a_config_error(tmp_path, corpus):
     path = _bad_checkpoint("truncated", tmp_path / "last.ckpt")
-    message = f"checkpoint {re.escape(repr(str(path)))} cannot be read"
+    message = f"checkpoint {re.escape(repr(str(path)))} is truncated: its zip archive has no end"
     with pytest.raises(ConfigError, match=message):
         train_script.train(compose_cfg(tmp_path, corpus, *FAST, f"ckpt_path={path}"))
 

@@ -102,6 +102,65 @@ def test_every_console_script_answers_bad_input_in_one_line(tool, inputs, tmp_pa
     shutil.rmtree(tmp_path / "logs", ignore_errors=True)
 
 
+PAYLOAD_RAN = "payload-ran"  # the file a pickle payload would create in the command's folder
+
+
+class Payload:
+    """What a hostile checkpoint holds: an object whose unpickling would run a shell command."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {PAYLOAD_RAN}",)
+
+
+@pytest.fixture(scope="module")
+def bad_files(inputs) -> dict[str, Path]:
+    """Files that are not checkpoints: empty, text, a zip cut short, pickles with a payload (torch's zip format and a
+    bare pickle)."""
+    import pickle
+
+    tmp = inputs["tmp"]
+    (tmp / "empty.ckpt").write_bytes(b"")
+    torch.save({"state_dict": Payload()}, tmp / "payload.ckpt")
+    (tmp / "payload.pkl").write_bytes(pickle.dumps({"state_dict": Payload()}))
+    return {"empty": tmp / "empty.ckpt", "text": inputs["text"], "truncated": inputs["truncated"],
+            "payload": tmp / "payload.ckpt", "bare pickle payload": tmp / "payload.pkl"}
+
+
+# what the one line says of each file, and what it must never say
+SAYS = {"empty": "is empty (0 bytes), not a checkpoint", "text": "is a text file, not a checkpoint",
+        "truncated": "is truncated: its zip archive has no end (a save or a copy cut short)",
+        "payload": "is refused unread: it is a pickle that asks for more than tensors and plain values (a call of "
+                   "posix.system), which minillm never loads, so nothing of it ran; allowed: a checkpoint minillm "
+                   "wrote",
+        "bare pickle payload": "is refused unread: it is a pickle that asks for more than tensors and plain values"}
+NEVER = ("weights_only", "Re-running", "IndexError", "EOFError", "internal miniz error")
+READERS = {**{t: TOOLS[t] for t in ("train", "eval", "sample", "export", "inspect", "lm-eval", "replay")},
+           "decay_from": lambda x, i: [str(ROOT / "train.py"), *SMALL, f"data.files=[{i['corpus']}]", "scheduler=wsd",
+                                       f"decay_from={x}"]}
+
+
+@pytest.mark.parametrize("tool", sorted(READERS))
+def test_every_checkpoint_reader_says_what_a_bad_file_is_in_one_honest_line(tool, inputs, bad_files, tmp_path,
+                                                                           shared_cache):
+    """Empty, text, truncated and pickle-payload files given where a checkpoint goes: one complete line naming the
+    file and what it is (never torch's advice to turn weights_only off, never "truncated" for a payload, never an
+    IndexError or EOFError), exit 2, and the payload never runs."""
+    if tool == "lm-eval":
+        pytest.importorskip("lm_eval.api.registry")
+    for kind, path in bad_files.items():
+        out = cli(READERS[tool](path, inputs), tmp_path, shared_cache)
+        lines = [line for line in out.output.splitlines() if re.search(r"error", line, re.I)]
+        assert out.returncode == 2 and "Traceback" not in out.output, (tool, kind, out.output[-3000:])
+        assert len(lines) == 1 and f"{str(path)!r} {SAYS[kind]}" in lines[0], (tool, kind, lines)
+        assert not any(word in lines[0] for word in NEVER), (tool, kind, lines[0])
+        assert kind.endswith("payload") or "pickle" not in lines[0], (tool, kind, lines[0])
+        assert not kind.endswith("payload") or "truncated" not in lines[0], (tool, kind, lines[0])
+        assert not (tmp_path / PAYLOAD_RAN).exists(), (tool, kind)
+    shutil.rmtree(tmp_path / "logs", ignore_errors=True)
+
+
 def test_an_exception_chain_that_loops_back_is_read_once():
     """A chain of causes can loop (an error raised while handling its own cause): reading it once, not forever (a
     binary file given as a corpus hung there)."""

@@ -43,6 +43,7 @@ def left_behind(cwd: Path, log: str | None = None) -> list[str]:
                   if p.name != log and not (p.is_dir() and not any(p.iterdir())))
 
 
+MUP = ["model.parametrization=mup", "model.mup_base_width=32"]
 # (what the user typed, what the one line must say); {tmp} is the test's folder
 BAD_INPUT = [
     (["seed=-1"], "config error: seed=-1 is invalid; allowed: an integer >= 0 and <= 4294967295"),
@@ -52,6 +53,9 @@ BAD_INPUT = [
     (["optimizer.learning_rate=1e-3"], "config error: optimizer.learning_rate is not a key of the config; "
                                        "optimizer has: betas, eps, lr, weight_decay"),
     (["seed=[1"], "config error: an override cannot be parsed"),
+    (["experiment=cpu_study"], "config error: callbacks.text_sample.max_new_tokens is not a key of the config; "  # a
+     "callbacks has: divergence, progress_bar, stability, summary, totals;"),  # preset without the text sample
+
     (["hydra/launcher=nope"], "config error: hydra/launcher=nope is invalid; allowed: basic, joblib"),
     (["placement=sideways"], "config error: placement='sideways' is invalid; allowed: pre, post"),
     (["trainer.precision=8"], "config error: trainer.precision='8' is invalid; allowed: 32-true"),
@@ -73,10 +77,19 @@ BAD_INPUT = [
                                           "stores (it is a file)"),
     (["trainer.accumulate_grad_batches=0"], "config error: trainer.accumulate_grad_batches=0 is invalid"),
     (["scheduler=wsd", "decay_from={tmp}/none.ckpt"], "config error: decay_from='{tmp}/none.ckpt' does not exist"),
+    (["scheduler=wsd", "decay_from={tmp}"], "config error: decay_from='{tmp}' is a folder, not a checkpoint"),
+    (["scheduler=wsd", "decay_from={tmp}/corpus.txt"], "config error: checkpoint '{tmp}/corpus.txt' is a text file"),
+    (["model.qk_norm_axis=null"], "config error: model.qk_norm_axis=null is invalid; allowed: head, flat"),
     (["print_config=maybe"], "config error: print_config='maybe' is invalid; allowed: true or false"),
     (["optimizer._target_=torch.optim.Muon"], "config error: optimizer._target_=torch.optim.Muon would be given every "
                                               "parameter, but Muon only takes the 2-D hidden matrices; allowed: "
                                               "optimizer=muon"),
+    # muP's rule for the optimizer and a norm's own options: before the config tree, the W&B start and the data
+    (MUP + ["optimizer=muon", "optimizer.adjust_lr_fn=match_rms_adamw"],
+     "config error: optimizer.adjust_lr_fn='match_rms_adamw' is invalid; allowed: null or original with "
+     "model.parametrization=mup"),
+    (MUP + ["optimizer._target_=torch.optim.NAdam"], "config error: optimizer NAdam has no muP lr rule"),
+    (["norm=derf", "model.norm_options.alpha0=-1"], "config error: model.norm_options (derf): alpha0=-1 is invalid"),
     # the components' own checks (data, callbacks, module), before the config tree is printed
     (["data.seq_len=0"], "config error: data.seq_len=0 is invalid"),
     (["callbacks.text_sample.max_new_tokens=-1"], "config error: callbacks.text_sample.max_new_tokens=-1 is invalid"),
@@ -147,11 +160,17 @@ def test_bad_replay_input_is_one_line_exit_2_and_leaves_nothing(args, message, r
     assert left_behind(tmp_path, log.name) == [] and left_behind(replayable) == before  # no replay folder
 
 
-def test_a_model_config_error_comes_before_the_data_is_prepared(tmp_path, corpus):
-    """A BPE trains for minutes on a real corpus: a wrong model.dim must not wait for it."""
+@pytest.mark.parametrize("overrides, message", [
+    (["model.dim=33"], "config error: model.dim=33 is invalid"),
+    (["norm=derf", "model.norm_options.alpha0=0"], "config error: model.norm_options (derf): alpha0=0 is invalid"),
+    (MUP + ["optimizer=muon", "optimizer.adjust_lr_fn=match_rms_adamw"], "config error: optimizer.adjust_lr_fn="),
+], ids=["dim", "derf alpha0", "mup muon"])
+def test_a_model_config_error_comes_before_the_data_is_prepared(overrides, message, tmp_path, corpus):
+    """A BPE trains for minutes on a real corpus: a wrong model.dim, a norm's option or an optimizer muP has no rule
+    for must not wait for it."""
     cache = tmp_path / "cache"
-    out = cli(small(corpus, "data.tokenizer=bpe", "data.vocab_size=300", "model.dim=33"), tmp_path, cache)
-    assert out.returncode == 2 and "config error: model.dim=33 is invalid" in error_line(out.output)
+    out = cli(small(corpus, "data.tokenizer=bpe", "data.vocab_size=300", *overrides), tmp_path, cache)
+    assert out.returncode == 2 and message in error_line(out.output)
     assert not cache.exists() or not any(cache.iterdir())  # no token store was built
 
 
@@ -175,6 +194,17 @@ def test_a_diverging_run_in_a_sweep_ends_as_diverged_and_the_sweep_goes_on(tmp_p
     by_precision = {s["precision"]: s for s in summaries(tmp_path / "logs")}
     assert by_precision["16-true"]["status"] == "diverged" and by_precision["16-true"]["callback_errors"] is None
     assert by_precision["32-true"]["status"] in ("completed", "not_trained")
+
+
+def test_a_run_that_diverges_before_its_first_validation_leaves_no_non_finite_checkpoint(tmp_path, shared_cache,
+                                                                                        corpus):
+    """fp16 weights overflow at the first step, long before the validation at step 4: the fit's end must not save
+    those weights as last.ckpt (nothing good was ever saved, so there is no checkpoint at all)."""
+    ok(cli(small(corpus, "trainer.max_steps=4", "trainer.val_check_interval=4", "trainer.precision=16-true",
+                 "logger=csv", "run_id=d"), tmp_path, shared_cache))
+    run = tmp_path / "logs" / "default" / "runs" / "d"
+    assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
+    assert sorted(p.name for p in run.rglob("*.ckpt")) == []
 
 
 class Broken(Observer):
@@ -272,6 +302,111 @@ def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, s
     assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 2
 
 
+@pytest.mark.parametrize("values, message", [
+    (["seed=0,abc"], "config error: seed='abc' is invalid; allowed: an integer >= 0 and <= 4294967295 (in job #1 of "
+                     "the sweep: seed=abc; no job has run)"),
+    (["norm=layernorm,rmsnorm", "model.norm_options.eps_mode=inside,sideways"], "(in job #1 of the sweep: "
+     "norm=layernorm model.norm_options.eps_mode=sideways; no job has run)"),
+], ids=["seed", "norm option"])
+def test_a_bad_value_in_a_later_sweep_job_is_refused_before_the_first_trains(values, message, tmp_path,
+                                                                             shared_cache, corpus):
+    """Every job of a sweep is checked at its start: the one line names the job and its values, and nothing is
+    written (no sweep folder, no job trained)."""
+    args = small(corpus, "logger=csv", *values)
+    pid, log = start([args[0], "-m", *args[1:]], tmp_path, shared_cache)
+    out = finish(pid, log, values)
+    assert out.returncode == 2 and message in error_line(out.output), out.output[-3000:]
+    assert "Launching" not in out.output and left_behind(tmp_path, log.name) == []
+
+
+def test_a_sweep_prints_one_config_tree(tmp_path, shared_cache, corpus):
+    """The resolved config's tree (about 230 lines) once per sweep, job 0's; each later job one line to its file."""
+    args = small(corpus, "logger=csv", "test=false", "seed=0,1,2")
+    out = ok(cli([args[0], "-m", *args[1:]], tmp_path, shared_cache))
+    assert out.count("├── model\n") == 1 and out.count("job #0's tree, with this job's overrides") == 2, out[-3000:]
+    (sweep,) = (tmp_path / "logs" / "default" / "multiruns").iterdir()
+    assert "├── model" in (sweep / "0" / "train.log").read_text()
+    assert f"(in full: {sweep / '2'}/.hydra/config.yaml)" in (sweep / "2" / "train.log").read_text()
+
+
+def test_the_closing_line_says_failed_quotes_paths_and_an_empty_spike_capture_says_so(tmp_path, shared_cache,
+                                                                                      corpus):
+    """A 2-step run completes with a final val loss above the unigram loss (it counts as failed), in a folder whose
+    path has a space, with spike capture on and no spike."""
+    import shlex
+
+    cwd = tmp_path / "my runs"
+    cwd.mkdir()
+    out = ok(cli(small(corpus, "logger=csv", "run_id=a", "callbacks.spike.steps=2"), cwd, shared_cache))
+    run = cwd / "logs" / "default" / "runs" / "a"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["failed"], summary
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("[") and "run completed after 2 steps (final val loss" in last
+    assert f"; it counts as failed: final val loss >= {summary['unigram_loss']:.4f}, the unigram loss" in last
+    assert last.endswith(f"table and plots: python -m minillm.analysis.report {shlex.quote(str(run))}"), last
+    assert shlex.split(last.rsplit("table and plots: ", 1)[1])[-1] == str(run)
+    assert f"callbacks.spike: no loss spike or divergence in this run; nothing written to {run / 'spikes'}" in out
+
+
+def test_train_false_reads_the_model_config_from_the_checkpoint(tmp_path, shared_cache, corpus):
+    """A checkpoint of a non-default model (3 layers, v_norm, LayerNorm, Post-LN) evaluates with train=false and its
+    path only, to the run's own test loss; a model setting given on the command line is still checked against it."""
+    ok(cli(small(corpus, "logger=csv", "run_id=big", "model.n_layers=3", "model.v_norm=true", "norm=layernorm",
+                 "placement=post"), tmp_path, shared_cache))
+    run = tmp_path / "logs" / "default" / "runs" / "big"
+    trained = json.loads((run / "summary.json").read_text())
+    ckpt = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    ok(cli(small(corpus, "logger=csv", "train=false", ckpt), tmp_path, shared_cache))
+    (evaluation,) = run.glob("evaluations/*/evaluation.json")
+    assert json.loads(evaluation.read_text())["test_loss"] == pytest.approx(trained["test_loss"])
+    out = cli(small(corpus, "logger=csv", "train=false", "norm=rmsnorm", ckpt), tmp_path, shared_cache)
+    assert out.returncode == 2 and "trained with a different model config (norm: checkpoint 'layernorm'" in error_line(
+        out.output)
+
+
+def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
+    """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
+    import os
+    import signal
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, TRAIN], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    line = "stopped by SIGINT (Ctrl-C) while Python imported minillm's libraries: nothing ran, nothing was written"
+    assert proc.returncode == 130 and output.strip().splitlines() == [line], output
+    assert left_behind(tmp_path) == []
+
+
+WARNED = [  # (what the user typed, the start of the warning line each setting gets)
+    (["model.qk_norm_axis=flat", "model.branch_scale_init=0.5", "+scheduler.decay_fraction=0.3",
+      "model.parametrization=mup", "model.mup_base_width=64", "model.attn_scale=0.2"],
+     ["model.qk_norm_axis=flat does nothing without a QK-norm (model.qk_norm=none)",
+      "model.branch_scale_init=0.5 does nothing with model.branch_scale=none",
+      "scheduler.decay_fraction=0.3 does nothing with scheduler.kind=cosine",
+      "model.attn_scale=0.2 replaces muP's attention scale",
+      "model.mup_base_width=64 is above model.dim=32"]),
+    (["model.ngpt=true", "norm=none", "model.parametrization=mup", "model.mup_base_width=32", "optimizer=muon"],
+     ["model.ngpt=true with model.parametrization=mup: nGPT puts every matrix back on the unit sphere",
+      "optimizer.weight_decay=0.01 with model.ngpt=true: nGPT trains without weight decay"]),
+    ([], []),
+]
+
+
+@pytest.mark.parametrize("overrides, warned", WARNED, ids=["idle and muP", "nGPT", "default"])
+def test_settings_that_do_nothing_or_override_a_rule_get_one_warning_line_each(overrides, warned, tmp_path,
+                                                                               shared_cache, corpus):
+    out = ok(cli(small(corpus, "logger=csv", *overrides), tmp_path, shared_cache))
+    lines = [line.split("warning: ", 1)[1] for line in out.splitlines() if "[minillm][WARNING] - warning: " in line]
+    assert len(lines) == len(warned) and all(got.startswith(want) for got, want in zip(lines, warned, strict=True)), \
+        lines
+
+
 def test_a_token_store_changed_on_disk_is_one_error_naming_the_folder(tmp_path, corpus):
     cache = tmp_path / "cache"
     ok(cli(small(corpus, "logger=csv"), tmp_path, cache))
@@ -353,3 +488,21 @@ def test_a_full_disk_ends_the_run_in_one_line_with_nothing_half_written(tmp_path
     assert not [p for p in files if ".tmp" in p.name], files
     for summary in logs.rglob("summary.json"):
         json.loads(summary.read_text())  # complete, if written at all
+
+
+def test_the_sweep_check_goes_on_past_a_job_whose_error_is_not_about_the_config(monkeypatch, capsys):
+    """A job whose check meets an error that is not a refusal (that job will meet it itself) does not end the
+    check: a refused later job is still found before anything runs."""
+    from minillm.errors import ConfigError
+    from minillm.training.run import checks_sweep
+
+    def check(config, job):
+        if job == ["seed=0"]:
+            raise RuntimeError("not about the config")
+        raise ConfigError("seed: 'abc' is not an integer")
+
+    monkeypatch.setattr(checks_sweep, "sweep_jobs", lambda config: ([["seed=0"], ["seed=abc"]], {"seed"}))
+    monkeypatch.setattr(checks_sweep, "check_job", check)
+    with pytest.raises(SystemExit) as stop:
+        checks_sweep.SweepCheck().on_multirun_start(None)
+    assert stop.value.code == 2 and "in job #1 of the sweep: seed=abc" in capsys.readouterr().err

@@ -59,4 +59,8 @@ def test_inspect_an_imported_llama(tmp_path, capsys):
     assert not (tmp_path / "llama.ckpt.inspect" / "wandb").exists()
     capsys.readouterr()
     assert inspect_main([str(tmp_path / "llama.ckpt"), "--text", str(tmp_path / "none.txt")]) == 2
-    assert capsys.readouterr().err == f"minillm-inspect: error: --text '{tmp_path / 'none.txt'}' does not exist\n"
+    assert capsys.readouterr().err == (f"minillm-inspect: error: --text '{tmp_path / 'none.txt'}' does not exist; "
+                                       "allowed: a UTF-8 text file\n")
+    assert inspect_main([str(tmp_path / "llama.ckpt"), "--text", str(tmp_path / "llama")]) == 2  # a folder
+    assert capsys.readouterr().err == (f"minillm-inspect: error: --text '{tmp_path / 'llama'}' is a folder, not a "
+                                       "file; allowed: a UTF-8 text file\n")

@@ -277,10 +277,12 @@ def test_freeze_chooses_each_lr_on_the_pilot_and_plans_the_judged_seeds_from_its
     assert stage["pilot_runs_left_out"] == 6 and stage["neighbours"] is None
     spread = stage["spread"]["rmsnorm"]
     assert spread["pairs"] == 3 and 0 < spread["sd"] < spread["sd_upper"] < 0.02
-    from minillm.analysis.stats import seeds_to_plan
+    from minillm.analysis.exact import pairs_for_margin
 
-    need = max(seeds_to_plan(d, spread["sd"], 3, 0.05, 0.05) for d in (0.05, 0.0))  # never the observed difference
-    assert stage["seeds_needed"] == max(need, 3) and stage["judged_seeds"] == list(range(10, 10 + max(need, 3)))
+    # both ways at the fixed margin, never the observed difference; the report's family: a loss and a failure test
+    need = pairs_for_margin(spread["sd"], 3, 0.05, 0.05, tests=2)
+    assert stage["tests"] == 2 and stage["seeds_needed"] == need >= 3
+    assert stage["judged_seeds"] == list(range(10, 10 + need))
     seeds = ",".join(map(str, stage["judged_seeds"]))
     assert out.splitlines()[-3:-1] == [
         f"  minillm-train -m experiment=cpu_study 'tags=[two stage]' name=ts norm=layernorm optimizer.lr=0.003 "
@@ -364,9 +366,11 @@ def test_runs_outside_the_frozen_design_mark_the_verdict_not_pre_registered(tmp_
                         "1 judged run(s) ran at an lr not frozen for rmsnorm (0.01)",
                         "1 judged run(s) started before the design was frozen (" + stage["frozen_at"].split(":")[0]]
     assert c["preregistered"] is False and c["n_pairs"] == len(seeds)  # compared at the frozen lrs all the same
+    assert c["expected"] == "equivalent" and c["as_expected"] is None  # outside the design: neither met nor missed
     assert sum(w.startswith("not pre-registered: ") for w in c["warnings"]) == 3
     md = (tmp_path / "logs" / "ts" / "report" / "verdicts.md").read_text()
     assert "(**not pre-registered**: the runs breach the frozen design, see the warnings)." in md
+    assert "**equivalent** (not pre-registered)" in md and "equivalent (met)" not in md  # the table row too
     assert "breaches of the design: 3 (the verdicts they touch are **not pre-registered**)" in md
     assert "rmsnorm: equivalent" in out and "(not pre-registered)" in out
 
@@ -480,3 +484,35 @@ def test_the_documented_two_stage_workflow_runs_as_written_from_a_fresh_folder(t
     assert (c["verdict"], c["preregistered"], c["as_expected"], data["metric"]) == ("equivalent", True, True,
                                                                                    "test_loss")
     assert data["plan"]["breaches"] == [] and len(data["plan"]["pilot_runs"]) == 18
+
+
+def test_the_freeze_plans_on_the_spread_of_the_pilot_runs_that_trained(tmp_path, capsys):
+    """A pilot run that failed is the failure test's, not a spread: with one of rmsnorm's pilot runs diverged, the
+    spread is that of the 2 pairs that trained (a mixture with ln V would plan hundreds of seeds)."""
+    record_two_stage(tmp_path)
+    pilot = two_stage_runs([0, 1, 2], "2020-01-01T00:00:00Z")
+    for gone in [r for r in pilot if (r["norm"], r["seed"]) == ("rmsnorm", 2)]:  # at every lr: the choice stays
+        gone.update(status="diverged", diverged=True, failed=True, final_val_loss=None, best_val_loss=None)
+    write_sweep(tmp_path / "logs" / "ts" / "multiruns" / "pilot", pilot)
+    code, _, err = plan_main(["freeze", "--sweep", "ts", "--logs", tmp_path / "logs", tmp_path / "logs" / "ts"],
+                             capsys)
+    assert code == 0, err
+    stage = json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())["stages"][-1]
+    spread = stage["spread"]["rmsnorm"]
+    assert stage["lrs"]["rmsnorm"] == 1e-2 and spread["pairs"] == 2 and spread["sd"] < 0.02, spread
+
+
+def test_an_arm_with_options_is_graded_by_its_values_expectation():
+    """An option variant of an arm ("powernorm (group_scaling=0)") takes the plan's word for its value (powernorm)."""
+    from minillm.analysis.plans import apply
+
+    info = {"plan_hash": "h", "plan_file_changed": False, "plan_record_intact": True, "path": "plan.json",
+            "seeds": [0], "expected": {"powernorm": "worse", "dyt (alpha0=1)": "better"}}
+    comparisons = [{"arm": f"powernorm (group_scaling={g})", "arm_value": "powernorm", "verdict": "worse",
+                    "arm_seeds": [0], "baseline_seeds": [0], "warnings": []} for g in (0, 1)]
+    comparisons.append({"arm": "dyt (alpha0=1)", "arm_value": "dyt", "verdict": "worse", "arm_seeds": [0],
+                        "baseline_seeds": [0], "warnings": []})
+    result = apply({"comparisons": comparisons}, info)
+    assert [(c["expected"], c["as_expected"]) for c in result["comparisons"]] == [
+        ("worse", True), ("worse", True), ("better", False)]
+    assert result["plan"]["expected_without_runs"] == []

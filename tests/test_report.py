@@ -72,10 +72,11 @@ def test_report_rows_statistics_and_plots(sweep):
     table = [line for line in text.splitlines() if line.startswith(("| layernorm", "| rmsnorm"))]
     assert len(table) == 8 + 4  # 2 norms x 2 placements x 2 lrs, then 2 x 2 sensitivity rows
     # two seeds of (layernorm, pre, 1e-3): best val 2.0 and 2.1
-    assert "| layernorm | pre | 0.001 | 2 | 2.0500 ± 0.0707 | 2.0500 ± 0.0707 | 0.00 | 0.00 |" in text
+    # (these summaries have no test loss: its column says -)
+    assert "| layernorm | pre | 0.001 | 2 | 2.0500 ± 0.0707 | 2.0500 ± 0.0707 | - | 0.00 | 0.00 |" in text
     # diverged runs leave the loss columns (their summaries still carry a pre-divergence best of 2.8)
-    assert "| rmsnorm | post | 0.01 | 2 | 2.7000 | 2.7000 | 0.50 |" in text
-    assert "| layernorm | post | 0.01 | 2 | - | - | 1.00 |" in text
+    assert "| rmsnorm | post | 0.01 | 2 | 2.7000 | 2.7000 | - | 0.50 |" in text
+    assert "| layernorm | post | 0.01 | 2 | - | - | - | 1.00 |" in text
     rows = json.loads((path.parent / "report.json").read_text())["rows"]
     rows = {(r["norm"], r["placement"], r["lr"]): r for r in rows}
     assert rows[("layernorm", "post", 0.01)]["diverged_fraction"] == 1.0
@@ -328,3 +329,60 @@ def test_compare_on_a_real_cpu_study_sweep_logs_its_verdicts_to_wandb(tmp_path):
         "baseline_lr": c["baseline_lr"]}
     assert got["diff"] == pytest.approx(c["diff"]) and got["ci_low"] == pytest.approx(c["ci_low"])
     assert row["verdicts_forest_plot/_type"] == "image-file" and run["summary"]["verdict/rmsnorm"] == c["verdict"]
+
+
+def test_a_sweep_over_a_model_option_splits_rows_and_reports_the_test_loss(tmp_path):
+    """train.py's sweep over settings stored only under settings.model (branch_scale) and over v_norm, 2 seeds each,
+    then minillm-report as a user runs it: one row per model (seeds pooled), never one row of all runs, and a
+    test-loss column filled from each run's held-out test."""
+    from processes import cli, ok
+
+    corpus = write_corpus(tmp_path / "c.txt", n_chars=20_000)
+    ok(cli([str(ROOT / "train.py"), "-m", "model=tiny", "model.branch_scale=none,layerscale", "model.v_norm=false,true",
+            "seed=0,1", "trainer=cpu", "trainer.max_steps=2", "trainer.val_check_interval=2",
+            "scheduler.warmup_steps=1", "data=files", f"data.files=[{corpus}]", "data.batch_size=4",
+            "data.val_windows=2", "++callbacks.text_sample.max_new_tokens=4", "logger=csv", "name=bs"],
+           tmp_path, tmp_path / "cache"))
+    (sweep,) = (tmp_path / "logs" / "bs" / "multiruns").iterdir()
+    out = ok(cli(["-m", "minillm.analysis.report", str(sweep)], tmp_path, tmp_path / "cache"))
+    assert "wrote" in out
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    assert data["extra_keys"] == ["settings.model.branch_scale", "settings.model.v_norm"]
+    rows = {(r["settings.model.branch_scale"], r["settings.model.v_norm"]): r for r in data["rows"]}
+    assert sorted(rows) == [("layerscale", False), ("layerscale", True), ("none", False), ("none", True)]
+    assert all(r["runs"] == 2 and r["seeds"] == [0, 1] for r in rows.values())
+    tests = [json.loads(p.read_text())["test_loss"] for p in sweep.glob("*/summary.json")]
+    assert all(math.isfinite(t) for t in tests)
+    assert all(" ± " in r["test_loss"] for r in rows.values())
+    text = (sweep / "report" / "report.md").read_text()
+    assert "| norm | placement | lr | model.branch_scale | model.v_norm | runs | best val loss (mean ± std) | " \
+           "final val loss | test loss |" in text
+
+
+def test_a_decay_branch_is_drawn_from_its_own_decay_start(tmp_path):
+    """A stable run validated after steps 5 and 10 and a branch from its step-8 checkpoint (summary.json and
+    metrics.csv as train.py writes them; the sweep moved since, so the recorded parent folder is elsewhere): the
+    branch leaves the parent at step 8 (1024 tokens), at the parent's loss there, not at its validation of step 5;
+    minillm-report draws loss_vs_tokens.png."""
+    from minillm.analysis import branches
+
+    root = tmp_path / "wsd"
+    for name, rows, summary in (
+            ("stable", [(4, 3.0), (9, 2.0)], {"steps": 10, "tokens": 1280}),
+            ("b8", [(9, 1.8)], {"steps": 10, "tokens": 1280,
+                                "parent": {"run_dir": "/elsewhere/wsd/stable", "step": 8}})):
+        (root / name / "csv").mkdir(parents=True)
+        (root / name / "summary.json").write_text(json.dumps({"norm": "rmsnorm", "placement": "pre", "lr": 3e-3,
+                                                              "seed": 0, "final_val_loss": rows[-1][1], **summary}))
+        with open(root / name / "csv" / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["step", "val/loss"])
+            w.writeheader()
+            w.writerows({"step": s, "val/loss": v} for s, v in rows)
+    runs = {r.dir.name: r for r in find_runs(root)}
+    parent = branches.parent_of(runs["b8"], {branches._where(r.dir): r for r in runs.values()})
+    assert parent is runs["stable"]
+    assert branches.branch_start(runs["b8"], parent) == pytest.approx((1024.0, 3.0 + (2.0 - 3.0) * 3 / 5))
+    out = subprocess.run([sys.executable, "-m", "minillm.analysis.report", str(root)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert (root / "report" / branches.PLOT).stat().st_size > 5000

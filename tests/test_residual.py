@@ -165,7 +165,7 @@ def test_embedding_norm_and_scale_come_before_the_first_block(norm):
     (dict(branch_scale_init="small"), r"model.branch_scale_init='small' is invalid"),
     (dict(final_norm="yes"), r"model.final_norm='yes' is invalid; allowed: true or false$"),
     (dict(embed_scale=1), r"model.embed_scale=1 is invalid; allowed: true or false$"),
-    (dict(layer_output_scale=None), r"model.layer_output_scale=None is invalid; allowed: true or false$"),
+    (dict(layer_output_scale=None), r"model.layer_output_scale=null is invalid; allowed: true or false$"),
 ])
 def test_residual_option_errors_name_the_field(kw, message):
     with pytest.raises(ValueError, match=message):

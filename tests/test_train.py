@@ -216,11 +216,14 @@ def test_multirun_sweep_makes_one_run_dir_per_combination(tmp_path, corpus):
         ("callbacks.progress_bar.mode=fancy", "callbacks.progress_bar.mode='fancy' is invalid; allowed: auto"),
         ("+callbacks.stability.colour=red", "unexpected keyword argument 'colour'"),
         ("optimizer._target_=torch.optim.Turbo", "Error locating target 'torch.optim.Turbo'"),
-        ("norm=fused_rmsnorm", "norm=fused_rmsnorm: fused_rmsnorm needs a CUDA GPU and none is visible"),
+        ("norm=fused_rmsnorm", "norm=fused_rmsnorm needs a CUDA GPU and none is visible: .* or use norm=rmsnorm$"),
+        ("norm=derf model.norm_impl=triton", r"model.norm_impl=triton \(the Triton kernel of norm=derf\) needs a CUDA "
+                                             "GPU and none is visible: .* or use model.norm_impl=auto$"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_training(override, message, tmp_path, corpus, monkeypatch):
-    if override == "norm=fused_rmsnorm":  # as on a machine without a GPU (the tests run the kernel interpreted)
+    if "fused_rmsnorm" in override or "triton" in override:  # as on a machine without a GPU (the tests run the
+        # kernel interpreted)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cfg = compose_cfg(tmp_path, corpus, *override.split())
@@ -473,3 +476,37 @@ def test_model_config_defaults_are_the_default_runs(tmp_path, corpus):
                                             if k not in ("self", "dim", "eps")}
     assert {k: v for k, v in composed.items() if v != defaults[k]} == {}
 
+
+
+def test_help_lists_every_key_with_fixed_choices(tmp_path):
+    """train.py --help's "Keys with fixed choices" names every config key the code checks against a fixed list
+    (each check_choice of a dotted field or a top-level key), with the values the check allows."""
+    import re
+
+    from processes import cli, ok
+
+    out = ok(cli([str(ROOT / "train.py"), "--help"], tmp_path, tmp_path / "cache"))
+    listed = dict(line.split(": ", 1) for line in out.split("Keys with fixed choices:\n", 1)[1].split("\nLaunchers")[0]
+                  .splitlines())
+    source = "\n".join(p.read_text() for p in (ROOT / "minillm").rglob("*.py"))
+    checked = set(re.findall(r'check_choice\("([a-z_]+\.[a-z_.]+|placement|test_weights)"', source))
+    checked -= {"model.norm", "model.placement"}  # config groups (norm=, placement=), listed as groups
+    assert checked and checked <= set(listed), sorted(checked - set(listed))
+    assert listed["model.qk_norm_axis"] == "head, flat" and listed["model.qk_norm_gains"] == "shared, per_head, null"
+
+
+def test_runs_of_different_models_get_different_wandb_names(tmp_path, corpus):
+    """The W&B name (minillm.training.run.naming.run_name, of the config train.py composes) tells the model options
+    apart: a flat QK-norm and a keys-only one, v_norm, attn_scale, a branch scale."""
+    from minillm.training.run.naming import run_name
+
+    options = [[], ["model.qk_norm=rmsnorm"], ["model.qk_norm=rmsnorm", "model.qk_norm_axis=flat"],
+               ["model.qk_norm=rmsnorm", "model.qk_norm_on=k"], ["model.v_norm=true"], ["model.attn_scale=0.2"],
+               ["model.branch_scale=layerscale"], ["model.branch_scale=layerscale", "model.branch_scale_init=0.1"],
+               ["model.layer_output_scale=true"], ["model.embed_scale=true"], ["model.embed_norm=true"]]
+    names = [run_name(compose_cfg(tmp_path, corpus, *o)) for o in options]
+    assert len(set(names)) == len(names), names
+    assert names[0] == "rmsnorm-pre-L2-d32-lr0.003-wu1-s1337"  # the default run's options are not named
+    assert names[2] == "rmsnorm-pre-L2-d32-qkrmsnorm-qk_norm_axis=flat-lr0.003-wu1-s1337"
+    assert names[4] == "rmsnorm-pre-L2-d32-v_norm-lr0.003-wu1-s1337"
+    assert names[5] == "rmsnorm-pre-L2-d32-attn_scale=0.2-lr0.003-wu1-s1337"

@@ -42,16 +42,12 @@ def test_the_default_keeps_alpha_where_no_lr_is_chosen():
     assert cell["family_false"]["k"] <= bound(100), cell
 
 
-@pytest.mark.xfail(strict=True, reason="the engine's default chooses the lr on the judged runs (val and test luck "
-                   "correlate 0.993) and labels none of its words exploratory: a flatter arm's luck is rewarded")
 def test_the_default_keeps_alpha_on_the_flat_arm():
     """Words inside the report's alpha promise (the words it labels exploratory left out) keep alpha."""
     cell = false_reports("flat-8-shared", "default", 120)
     assert cell["promised_false"]["k"] <= bound(120), cell
 
 
-@pytest.mark.xfail(strict=True, reason="the stability words are a second family at alpha and a zero spread of a "
-                   "discrete measure reads as certainty")
 def test_the_default_keeps_alpha_over_loss_and_stability_words():
     cell = false_reports("stability-3arms", "default", 60)
     assert cell["family_false"]["k"] <= bound(60), cell

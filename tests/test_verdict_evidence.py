@@ -298,3 +298,39 @@ def test_the_inconclusive_sentence_asks_for_seeds_at_the_fixed_margin():
     assert "the held-out test split contains the validation windows" in md
     old = markdown(compare(one_failure_in_eight(), "norm", "layernorm", version=2))
     assert "or a larger margin" in old and "better in 62% of the pairs" in old  # version 2's words stay
+
+
+def test_the_selection_aware_test_takes_no_evidence_from_differences_that_do_not_vary():
+    """An arm exactly 0.03 below the baseline at every seed and lr: the per-lr cells have no spread, so the
+    selection-aware test decides nothing (before: better, p 1e-73, beside the warning that there is no evidence),
+    and the sentence does not ask for more seeds (none would decide)."""
+    runs = [run(n, lr, s, 2.0 + 0.01 * s + 0.1 * (lr == 1e-3) - 0.03 * (n == "rmsnorm"))
+            for n in ("layernorm", "rmsnorm") for lr in (1e-3, 3e-3) for s in range(6)]
+    result = compare(runs, "norm", "layernorm", lr_choice="selection-aware")
+    (c,) = result["comparisons"]
+    assert c["verdict"] == "inconclusive" and c["p"] == 1.0 and c["no_spread"], (c["verdict"], c["p"])
+    from minillm.analysis.verdict_files import sentence
+
+    assert "more seeds are needed" not in sentence(c, result)
+
+
+def test_selection_aware_is_a_rule_of_version_3_only():
+    from minillm.analysis.rules import CompareError
+
+    runs = [run(n, lr, s, 2.0 + 0.001 * s * (n == "rmsnorm")) for n in ("layernorm", "rmsnorm") for lr in (1e-3, 3e-3)
+            for s in range(4)]
+    with pytest.raises(CompareError, match="--lr-choice: selection-aware is a rule of version 3"):
+        compare(runs, "norm", "layernorm", lr_choice="selection-aware", version=2)
+
+
+def test_the_failure_veto_says_its_p_is_unadjusted():
+    """Survivors better, 4 of 8 failed against 0 of 8: the failure word (adjusted p 0.057) says no difference shown,
+    and the veto that withholds `better` (unadjusted p 0.029) says it read the unadjusted p, not the contradiction
+    "fails significantly more often" beside "no difference shown"."""
+    noise = [0.001, -0.002, 0.0015, -0.0005, 0.002, -0.001, 0.0, 0.0007]
+    runs = [run("layernorm", 1e-3, s, 2.0 + 0.01 * s) for s in range(8)] + [
+        run("rmsnorm", 1e-3, s, None if s < 4 else 1.95 + 0.01 * s + noise[s]) for s in range(8)]
+    (c,) = compare(runs, "norm", "layernorm", failures="drop")["comparisons"]
+    assert (c["verdict"], c["failure_verdict"]) == ("inconclusive", "no difference shown")
+    assert [w for w in c["warnings"] if "fails significantly more often" in w] == [
+        "the arm fails significantly more often (4 of 8 against 0 of 8, Boschloo, unadjusted p 0.029): not better"]

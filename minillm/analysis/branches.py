@@ -6,6 +6,7 @@ and a table in report.md."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,40 @@ def val_curve(run: Run) -> tuple[list[float], list[float]]:
         return [], []
     points = [(step, v) for step, v in run.curves.get(VAL_LOSS, []) if math.isfinite(v)]
     return [(s + 1) * per_step for s, _ in points], [v for _, v in points]
+
+
+def _where(folder: str | Path) -> str:
+    return os.path.realpath(folder)
+
+
+def parent_of(branch: Run, by_dir: dict[str, Run]) -> Run | None:
+    """The branch's parent among the runs (``by_dir``: by real path): the folder its summary recorded, else (a
+    sweep read from another place, a relative path) the run folder of that name beside the branch."""
+    recorded = branch.get("parent")["run_dir"]
+    found = by_dir.get(_where(recorded))
+    if found is None:
+        found = by_dir.get(_where(Path(branch.dir).parent / Path(recorded).name))
+    return found
+
+
+def branch_start(branch: Run, parent: Run | None) -> tuple[float, float] | None:
+    """Where a branch leaves its parent on the plot: at its own decay start (the checkpoint's step, in tokens), with
+    the parent's val loss there (between two of its validations: the line between them); None when the parent
+    has no validation at or before that step."""
+    per_step = tokens_per_step(branch)
+    if parent is None or per_step is None:
+        return None
+    at = branch.get("parent")["step"] * per_step
+    points = list(zip(*val_curve(parent), strict=True))
+    before = [p for p in points if p[0] <= at][-1:]
+    after = [p for p in points if p[0] > at][:1]
+    if not before:
+        return None
+    (x0, y0), = before
+    if x0 == at or not after:
+        return (at, y0) if x0 == at else (x0, y0)
+    (x1, y1), = after
+    return at, y0 + (y1 - y0) * (at - x0) / (x1 - x0)
 
 
 def rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -65,23 +100,20 @@ def plot(runs: Sequence[Run], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    by_dir = {str(r.dir): r for r in runs}
+    by_dir = {_where(r.dir): r for r in runs}
     ends: dict[str, list[tuple[float, float]]] = {}
-    parents = {r.get("parent")["run_dir"] for r in runs if is_branch(r)}
+    parents = {id(p) for r in runs if is_branch(r) and (p := parent_of(r, by_dir)) is not None}
     for r in runs:
         x, y = val_curve(r)
         if not is_branch(r):
             if x:
-                stable = str(r.dir) in parents
+                stable = id(r) in parents
                 ax.plot(x, y, lw=1.6, color="black" if stable else "gray", ls="-" if stable else ":",
                         label=f"{r.dir.name}" + (" (parent)" if stable else ""))
             continue
         parent = r.get("parent")
-        before = by_dir.get(parent["run_dir"])
-        per_step = tokens_per_step(r)
-        start = [(x0, y0) for x0, y0 in zip(*val_curve(before), strict=True)
-                 if per_step and x0 <= parent["step"] * per_step][-1:] if before else []
-        xs, ys = [p[0] for p in start] + x, [p[1] for p in start] + y
+        start = branch_start(r, parent_of(r, by_dir))
+        xs, ys = ([start[0]] if start else []) + x, ([start[1]] if start else []) + y
         if xs:
             line = ax.plot(xs, ys, lw=1.0, alpha=0.8, label=f"branch from step {parent['step']}")[0]
             ax.scatter(xs[-1:], ys[-1:], color=line.get_color(), zorder=3)

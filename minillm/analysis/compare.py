@@ -46,8 +46,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from minillm.analysis import arms, exact, family, lr_choice, lr_curves, selection, stats
 from minillm.analysis.rules import Rules, failed, penalized, value_of
 from minillm.analysis.runs import eval_windows, group_runs, hashable, label, records_of, sort_key, without_duplicates
@@ -85,18 +83,6 @@ def _window_interval(arm: Sequence[Mapping], base: Sequence[Mapping], metric: st
     same = len({len(w) for ws in found for w in ws}) == 1
     se, n_windows = stats.window_se(*found, paired=same)
     return stats.with_window_error(a_vals, b_vals, paired, se, n_windows, rules.alpha), None
-
-
-def improvement_share(a_vals: Sequence[float], b_vals: Sequence[float], paired: bool, higher_is_better: bool) -> \
-        float | None:
-    """The probability of improvement: the share of seed pairs (unpaired: of all arm x baseline pairs) in which the
-    arm is better, ties counting half."""
-    a, b = np.asarray(a_vals, dtype=float), np.asarray(b_vals, dtype=float)
-    if not len(a) or not len(b):
-        return None
-    d = a - b if paired else (a[:, None] - b[None, :]).ravel()
-    better = d > 0 if higher_is_better else d < 0
-    return float(better.mean() + 0.5 * (d == 0).mean())
 
 
 def compared_values(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, rules: Rules) -> dict:
@@ -176,7 +162,7 @@ def compare_pair(arm: Sequence[Mapping], base: Sequence[Mapping], metric: str, r
         "sd": t["sd"], "t_interval": [t["ci_low"], t["ci_high"]],
         "bootstrap_interval": _listed(stats.bootstrap(a_vals, b_vals, rules.alpha, paired=paired))
         if rules.interval == "bootstrap" or rules.equivalence == "interval" else None,
-        "p_improvement": improvement_share(a_vals, b_vals, paired, rules.higher_is_better),
+        "p_improvement": exact.share_better(a_vals, b_vals, paired, rules.higher_is_better),  # v2's name for it
         **({"trained_pairs": len(trained), "diff_trained": statistics.fmean(trained) if trained else None}
            if penalized(metric, rules) and paired else {}),
         "diverged_arm": sum(bool(r.get("diverged")) for r in arm),
@@ -241,10 +227,10 @@ def _listed(interval: tuple[float, float] | None) -> list[float] | None:
 # --- the words ----------------------------------------------------------------------------------------------------
 
 
-def _bootstrap_words(c: dict, rules: Rules, family: int) -> str:
+def _bootstrap_words(c: dict, rules: Rules, family_size: int) -> str:
     """The word from BCa bootstrap intervals at the Bonferroni levels of the family (no p-values to step down)."""
     a, b, paired = c["_values"]
-    level = rules.alpha / family
+    level = rules.alpha / family_size
     diff_ci = stats.bootstrap(a, b, level, paired=paired)
     eq_ci = stats.bootstrap(a, b, 2 * level, paired=paired) if rules.equivalence == "tost" else diff_ci
     if eq_ci is not None and -rules.margin < eq_ci[0] and eq_ci[1] < rules.margin:
@@ -254,7 +240,7 @@ def _bootstrap_words(c: dict, rules: Rules, family: int) -> str:
     return "inconclusive"
 
 
-def _word(c: dict, p_adj: float | None, p_eq_adj: float | None, rules: Rules, family: int) -> str:
+def _word(c: dict, p_adj: float | None, p_eq_adj: float | None, rules: Rules, family_size: int) -> str:
     """A comparison's loss word from its adjusted p-values (or, by the rules asking for them, its intervals), never
     better or equivalent for an arm whose failure rate is significantly higher."""
     bootstrap = rules.interval == "bootstrap" and c["bootstrap_interval"] is not None
@@ -264,7 +250,7 @@ def _word(c: dict, p_adj: float | None, p_eq_adj: float | None, rules: Rules, fa
     if bootstrap:
         c["ci_low"], c["ci_high"] = c["bootstrap_interval"]
         c["ci_method"] = "paired bootstrap (BCa)" if c["paired_by"] == "seed" else "bootstrap (BCa), unpaired"
-        word = _bootstrap_words(c, rules, family)
+        word = _bootstrap_words(c, rules, family_size)
     elif rules.equivalence == "interval":  # the (1 - alpha) interval inside the margin
         word = stats.verdict(c["ci_low"], c["ci_high"], rules.margin, rules.higher_is_better)
         if word in ("better", "worse") and rules.adjust == "holm" and not (p_adj is not None
@@ -277,7 +263,8 @@ def _word(c: dict, p_adj: float | None, p_eq_adj: float | None, rules: Rules, fa
         other = stats.verdict(*boot, rules.margin, rules.higher_is_better)
         if other != word:
             c["warnings"].append(f"the bootstrap interval [{boot[0]:+.4g}, {boot[1]:+.4g}] gives {other}")
-    test, p = ("Boschloo", c["failure_p"]) if rules.version >= 3 else ("Fisher", c["fisher_p"])
+    # the veto reads the unadjusted p (it can only withhold a word); under v3 it says so beside the failure word
+    test, p = ("Boschloo, unadjusted", c["failure_p"]) if rules.version >= 3 else ("Fisher", c["fisher_p"])
     more_failures = (p is not None and p <= rules.alpha
                      and c["fail_arm"] / c["n_arm"] > c["fail_baseline"] / c["n_baseline"])
     if more_failures and word in ("better", "equivalent"):
@@ -294,7 +281,8 @@ def assign_words(comparisons: list[dict], rules: Rules, stable: dict | None = No
     if rules.version >= 3:
         fam = family.assign(comparisons, stable, rules, lambda c, p, q, size: _word(c, p, q, rules, size))
         for c in comparisons:
-            for key in ("_values", "_survivors", "_degenerate"):
+            c["no_spread"] = c.pop("_degenerate")  # the differences do not vary: no seeds can decide
+            for key in ("_values", "_survivors"):
                 c.pop(key)
         return fam
     family_size = len(comparisons) if rules.adjust == "holm" else 1

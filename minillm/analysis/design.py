@@ -29,14 +29,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scipy import stats as scipy_stats
-
-from minillm.analysis.lr_choice import _same, choose_lrs, tuning_loss
+from minillm.analysis.exact import pairs_for_margin, sd_upper
+from minillm.analysis.lr_choice import choose_lrs, same_lr, tuning_loss
 from minillm.analysis.plan_record import PlanError, current, number, parse_time, utc_now
-from minillm.analysis.rules import CHOICE_METRIC, Rules, value_of
+from minillm.analysis.rules import CHOICE_METRIC, failed
 from minillm.analysis.runs import label
-from minillm.analysis.stats import PLAN_POWER, PLAN_SD_CONFIDENCE, seeds_to_plan
+from minillm.analysis.stats import PLAN_POWER, PLAN_SD_CONFIDENCE
 from minillm.analysis.strata import matches, resolve_metric
+from minillm.outcome import is_number
 
 DESIGNS = ("two-stage", "single-stage")
 FIELDS = ("design", "arms", "lr_grid", "pilot_seeds", "overrides", "factor_override")
@@ -125,19 +125,14 @@ def value_label(record: Mapping, plan: Mapping) -> str | None:
     return next((v for v in family(plan) if matches(record.get(plan["factor"]), v)), None)
 
 
-def sd_upper(sd: float, n: int, confidence: float = PLAN_SD_CONFIDENCE) -> float:
-    """The upper ``confidence`` bound of a spread observed on n differences (what seeds_to_plan plans on)."""
-    return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1.0 - confidence, n - 1))
-
-
 def _lr_margins(runs: Sequence[Mapping], chosen: float, grid: Sequence[float]) -> list[dict]:
     """How far the chosen lr beats each grid neighbour on the pilot: the mean per-seed gap of the final val loss
     (a failed run at ln V), its standard error, and whether it is STANDARD_ERRORS of them."""
     def by_seed(lr: float) -> dict:
-        return {r.get("seed"): tuning_loss(r, CHOICE_METRIC) for r in runs if _same(r.get("lr"), lr)}
+        return {r.get("seed"): tuning_loss(r, CHOICE_METRIC) for r in runs if same_lr(r.get("lr"), lr)}
 
     at, out = by_seed(chosen), []
-    i = next(j for j, x in enumerate(grid) if _same(x, chosen))
+    i = next(j for j, x in enumerate(grid) if same_lr(x, chosen))
     for j in (i - 1, i + 1):
         if not 0 <= j < len(grid):
             continue
@@ -168,18 +163,17 @@ def _size_warning(value: str, chosen: float, margins: Sequence[dict]) -> str | N
             f"seeds (fewer than {STANDARD_ERRORS:g}); about {need} pilot seeds would do")
 
 
-def _spread(plan: Mapping, at: Mapping[str, Mapping], arm: str, tests: int) -> dict:
-    """The pilot's paired spread of arm - baseline at the chosen lrs and the judged seeds it asks for."""
-    base = at[plan["baseline"]]
-    seeds = sorted(s for s in at[arm].keys() & base.keys() if at[arm][s] is not None and base[s] is not None)
-    diffs = [at[arm][s] - base[s] for s in seeds]
+def _spread(plan: Mapping, trained: Mapping[str, Mapping], arm: str, tests: int) -> dict:
+    """The pilot's paired spread of arm - baseline at the chosen lrs, over the seeds whose runs trained in both (a
+    failure is the failure test's, not a spread), and the judged pairs it asks for (exact.pairs_for_margin: both
+    ways at the fixed margin, at alpha / tests, from the spread's upper bound, never the observed difference)."""
+    base = trained[plan["baseline"]]
+    seeds = sorted(trained[arm].keys() & base.keys())
+    diffs = [trained[arm][s] - base[s] for s in seeds]
     n = len(diffs)
     sd = statistics.stdev(diffs) if n > 1 else None
-    need = None
-    if sd is not None:
-        plans_ = [seeds_to_plan(d, sd, n, plan["margin"], plan["alpha"], tests=tests) for d in (plan["margin"], 0.0)]
-        need = None if None in plans_ else max(plans_)
-    return {"pairs": n, "sd": sd, "sd_upper": None if sd is None else sd_upper(sd, n),
+    need = pairs_for_margin(sd, n, plan["margin"], plan["alpha"], PLAN_POWER, tests, PLAN_SD_CONFIDENCE)
+    return {"pairs": n, "sd": sd, "sd_upper": None if sd is None else sd_upper(sd, n, PLAN_SD_CONFIDENCE),
             "confidence": PLAN_SD_CONFIDENCE, "seeds_needed": need}
 
 
@@ -196,33 +190,33 @@ def freeze(record: Mapping, records: Sequence[Mapping], pilot_dirs: Sequence[str
                         f"frozen once: record a new version (minillm-plan PLAN.yaml --sweep {sweep} --force)")
     grid, where = plan["lr_grid"], ", ".join(map(str, pilot_dirs))
     runs = [r for r in records if r.get("seed") in plan["pilot_seeds"] and value_label(r, plan) is not None
-            and any(_same(r.get("lr"), x) for x in grid)]
+            and any(same_lr(r.get("lr"), x) for x in grid)]
     names = sorted({str(r.get("name")) for r in runs} - {sweep})
     if names:
         raise PlanError(f"{where}: pilot runs of sweep {', '.join(names)}; allowed: runs of the plan's sweep {sweep} "
                         f"(train.py's name={sweep})")
     by_value = {v: [r for r in runs if value_label(r, plan) == v] for v in family(plan)}
-    lacking = [f"{v} at lr {', '.join(label(x) for x in grid if not any(_same(r.get('lr'), x) for r in rs))}"
-               for v, rs in by_value.items() if not all(any(_same(r.get("lr"), x) for r in rs) for x in grid)]
+    lacking = [f"{v} at lr {', '.join(label(x) for x in grid if not any(same_lr(r.get('lr'), x) for r in rs))}"
+               for v, rs in by_value.items() if not all(any(same_lr(r.get("lr"), x) for r in rs) for x in grid)]
     if lacking:
         raise PlanError(f"{where}: the pilot has no run of {'; '.join(lacking)}; allowed: a pilot of every value of "
                         f"{', '.join(family(plan))} at every lr of lr_grid (seeds {plan['pilot_seeds']})")
     picked = choose_lrs(by_value, "tuned", CHOICE_METRIC)  # value -> (its lr, its loss by lr, warnings)
     chosen = {v: p[0] for v, p in picked.items()}
-    metric, _ = resolve_metric([r for v, rs in by_value.items() for r in rs if _same(r.get("lr"), chosen[v])],
+    metric, _ = resolve_metric([r for v, rs in by_value.items() for r in rs if same_lr(r.get("lr"), chosen[v])],
                                plan["metric"])
-    rules = Rules(failures=plan["failures"])
-    at = {v: {r.get("seed"): value_of(r, metric, rules) for r in rs if _same(r.get("lr"), chosen[v])}
-          for v, rs in by_value.items()}
-    tests = len(plan["arms"]) if plan["adjust"] == "holm" else 1
-    spread = {arm: _spread(plan, at, arm, tests) for arm in plan["arms"]}
+    trained = {v: {r.get("seed"): float(r[metric]) for r in rs if same_lr(r.get("lr"), chosen[v]) and not failed(r)
+                   and is_number(r.get(metric))} for v, rs in by_value.items()}
+    # the report's family: a loss test and a failure test per arm (minillm.analysis.family)
+    tests = 2 * len(plan["arms"]) if plan["adjust"] == "holm" else 1
+    spread = {arm: _spread(plan, trained, arm, tests) for arm in plan["arms"]}
     margins = {v: _lr_margins(rs, chosen[v], grid) for v, rs in by_value.items()}
     warnings = [w for v in by_value if (w := _size_warning(v, chosen[v], margins[v]))]
     needs = [s["seeds_needed"] for s in spread.values()]
     need = None if None in needs else max([MIN_JUDGED, *needs])
     if need is None:
-        warnings.append("the pilot's spread gives no number of judged seeds (fewer than 2 pairs, or more than "
-                        "seeds_to_plan looks at): the plan's seeds are all judged")
+        warnings.append("the pilot's spread gives no number of judged seeds (fewer than 2 pairs that trained, or "
+                        "more than 10,000): the plan's seeds are all judged")
     judged = plan["seeds"][:need] if need is not None else list(plan["seeds"])
     if need is not None and need > len(plan["seeds"]):
         warnings.append(f"the margin needs {need} judged seeds and the plan lists {len(plan['seeds'])}: the verdicts "
@@ -232,7 +226,7 @@ def freeze(record: Mapping, records: Sequence[Mapping], pilot_dirs: Sequence[str
              and t < recorded]
     if early:
         warnings.append(f"{len(early)} pilot run(s) started before the plan was recorded")
-    place = {v: next(i for i, x in enumerate(grid) if _same(x, lr)) for v, lr in chosen.items()}
+    place = {v: next(i for i, x in enumerate(grid) if same_lr(x, lr)) for v, lr in chosen.items()}
     near = {v: grid[max(i - 1, 0):i + 2] for v, i in place.items()} if neighbours else None
     commands = [train_command(plan, sweep, [v], near[v] if near else [chosen[v]], judged) for v in chosen]
     return {"stage": "freeze", "version": plan_stage["version"], "frozen_at": utc_now(),

@@ -16,7 +16,7 @@ from typing import Any
 
 from minillm.analysis.compare import some
 from minillm.analysis.design import family, value_label
-from minillm.analysis.lr_choice import _same
+from minillm.analysis.lr_choice import same_lr
 from minillm.analysis.plan_record import PlanError, parse_time
 from minillm.analysis.runs import label
 
@@ -36,7 +36,7 @@ def _why(r: Mapping, plan: Mapping, frozen: Mapping, sweep: str, value: str | No
     elif seed not in frozen["judged_seeds"]:
         why.append(f"are of seed(s) outside the frozen judged seeds {frozen['judged_seeds']}")
     allowed = (frozen.get("neighbours") or {}).get(value) or [frozen["lrs"][value]]
-    if not any(_same(r.get("lr"), x) for x in allowed):
+    if not any(same_lr(r.get("lr"), x) for x in allowed):
         why.append(f"ran at an lr not frozen for {value} ({', '.join(map(label, allowed))})")
     started, at = parse_time(r.get("started_at")), parse_time(frozen["frozen_at"])
     if started is None:
@@ -72,7 +72,7 @@ def judge(plan: Mapping, frozen: Mapping | None, records: Sequence[Mapping], swe
     breaches = [{"arm": arm, "message": f"{len(dirs)} judged run(s) {why}: {some(sorted(dirs))}" if dirs else why}
                 for (arm, why), dirs in breached.items()]
     kept = [r for r in judged if (v := value_label(r, plan)) is not None and r.get("seed") in frozen["judged_seeds"]
-            and _same(r.get("lr"), frozen["lrs"][v])]
+            and same_lr(r.get("lr"), frozen["lrs"][v])]
     n = len(plan["pilot_seeds"])
     facts = {"design": "two-stage", "frozen_at": frozen["frozen_at"], "pilot_seeds": plan["pilot_seeds"],
              "judged_seeds": frozen["judged_seeds"], "lrs": frozen["lrs"], "neighbours": frozen.get("neighbours"),
@@ -86,9 +86,11 @@ def mark(result: dict, facts: Mapping) -> None:
     how its lr was chosen."""
     base = label(result["baseline"])
     for c in result["comparisons"]:
-        arm = label(c["arm"])
-        mine = [b["message"] for b in facts["breaches"] if b["arm"] in (None, arm, base)]
+        arms = {label(c["arm"]), label(c.get("arm_value", c["arm"]))}  # an option variant breaches with its value
+        mine = [b["message"] for b in facts["breaches"] if b["arm"] in (None, base, *arms)]
         c["preregistered"] = not mine
+        if mine:  # a word outside the frozen design neither meets nor misses the plan's expectation
+            c["as_expected"] = None
         c["estimand"] = facts["estimand"]
         c["lr_choice"] = {"how": "pilot", "chosen_on": f"final_val_loss of pilot seeds "
                                                       f"{', '.join(map(str, facts['pilot_seeds']))}"}

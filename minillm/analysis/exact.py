@@ -124,6 +124,11 @@ def probability_of_improvement(arm: Sequence[float], baseline: Sequence[float], 
             "method": "all run pairs, ties half; percentile bootstrap"}
 
 
+def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
+    """The upper ``confidence`` bound of a spread ``sd`` observed on n differences (chi-square, n - 1 df)."""
+    return sd * math.sqrt((n - 1) / stats.chi2.ppf(1.0 - confidence, n - 1))
+
+
 def pairs_for_margin(sd: float | None, n: int, margin: float, alpha: float = 0.05, power: float = 0.8,
                      tests: int = 1, sd_confidence: float = 0.8, min_n: int = 3, max_n: int = 10_000) -> int | None:
     """The smallest number of pairs N with which a new sweep decides at the fixed margin with probability >= power
@@ -134,7 +139,7 @@ def pairs_for_margin(sd: float | None, n: int, margin: float, alpha: float = 0.0
     never give an informative verdict); None without a spread."""
     if sd is None or n < 2 or not math.isfinite(sd):
         return None
-    sd_plan = max(sd, 1e-300) * math.sqrt((n - 1) / stats.chi2.ppf(1.0 - sd_confidence, n - 1))
+    sd_plan = sd_upper(max(sd, 1e-300), n, sd_confidence)
     level = alpha / max(tests, 1)
     big_n = np.arange(min_n, max_n + 1, dtype=float)
     df, se = big_n - 1.0, sd_plan / np.sqrt(big_n)

@@ -51,7 +51,7 @@ def loss_by_lr(records: Sequence[Mapping], metric: str) -> dict[Any, float]:
             for key, rs in group_runs(records, ["lr"]).items()}
 
 
-def _same(x: Any, y: Any) -> bool:
+def same_lr(x: Any, y: Any) -> bool:
     return x == y or (isinstance(x, float) and isinstance(y, (int, float)) and math.isclose(x, y, rel_tol=1e-9))
 
 
@@ -81,10 +81,10 @@ def choose_lrs(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, met
     else:
         pick = rule
         for v, g in grids.items():
-            if not any(_same(x, rule) for x in g):
+            if not any(same_lr(x, rule) for x in g):
                 raise CompareError("--lr", f"{label(rule)}: {label(v)} has no run at that lr{where} (its lrs: "
                                            f"{', '.join(label(x) for x in g)})")
-    return {v: (next(x for x in g if _same(x, pick)), g, []) for v, g in grids.items()}
+    return {v: (next(x for x in g if same_lr(x, pick)), g, []) for v, g in grids.items()}
 
 
 @dataclass
@@ -122,7 +122,7 @@ def choose(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, lr_choi
     one_lr = all(len(group_runs(rs, ["lr"])) == 1 for rs in by_value.values())
     if one_lr or not isinstance(rule, str):
         picked = choose_lrs(by_value, rule, metric, where)
-        runs = {v: [r for r in rs if _same(r.get("lr"), picked[v][0])] for v, rs in by_value.items()}
+        runs = {v: [r for r in rs if same_lr(r.get("lr"), picked[v][0])] for v, rs in by_value.items()}
         how = "one lr" if one_lr else "given"
         return Choice(how, None, {v: p[0] for v, p in picked.items()}, {v: p[1] for v, p in picked.items()}, runs,
                       {v: p[2] for v, p in picked.items()})
@@ -141,10 +141,10 @@ def choose(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, lr_choi
     lrs = {v: p[0] for v, p in everyone.items()}
     grids, warns = {v: p[1] for v, p in everyone.items()}, {v: p[2] for v, p in everyone.items()}
     if how == "selection-aware":
-        runs = {v: [r for r in rs if _same(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
+        runs = {v: [r for r in rs if same_lr(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
         return Choice(how, chosen_on, lrs, grids, runs, warns)
     if how != "crossfit":
-        runs = {v: [r for r in rs if _same(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
+        runs = {v: [r for r in rs if same_lr(r.get("lr"), lrs[v])] for v, rs in by_value.items()}
         note = (f"the lr was chosen on the {chosen_on} of the runs whose {metric} judges the verdict: their own luck "
                 "(init, data order) is in both, so a value with a flat loss-vs-lr curve is slightly favoured"
                 if how == "validation" else
@@ -157,9 +157,9 @@ def choose(by_value: Mapping[Any, Sequence[Mapping]], rule: str | float, lr_choi
         subset = {v: [r for r in rs if r.get("seed") in chosen_seeds] for v, rs in by_value.items()}
         picked = choose_lrs(subset, rule, chosen_on, where)
         for v, rs in by_value.items():
-            runs[v] += [r for r in rs if r.get("seed") in judged_seeds and _same(r.get("lr"), picked[v][0])]
+            runs[v] += [r for r in rs if r.get("seed") in judged_seeds and same_lr(r.get("lr"), picked[v][0])]
             per_half[v].append(picked[v][0])
         folds.append({"chosen_on_seeds": list(chosen_seeds), "judged_seeds": list(judged_seeds),
                       "lrs": {label(v): p[0] for v, p in picked.items()}})
-    shown = {v: (a if _same(a, b) else [a, b]) for v, (a, b) in per_half.items()}
+    shown = {v: (a if same_lr(a, b) else [a, b]) for v, (a, b) in per_half.items()}
     return Choice("cross-fit", chosen_on, shown, grids, runs, warns, None, folds)

@@ -270,8 +270,11 @@ def apply(result: dict, info: Mapping) -> dict:
         shared.append(f"{info['path']} was edited: its plan does not match its hash")
     seen = set()
     for c in result["comparisons"]:
-        expected = next((v for k, v in info["expected"].items() if matches(c["arm"], k)), None)
-        seen |= {k for k in info["expected"] if matches(c["arm"], k)}
+        names = [c["arm"], *([c["arm_value"]] if "arm_value" in c else [])]  # an option variant: its value's word
+        named = [k for k in info["expected"] if any(matches(name, k) for name in names)]
+        expected = next((info["expected"][k] for k in named if matches(c["arm"], k)),
+                        info["expected"][named[0]] if named else None)
+        seen |= set(named)
         missing = [f"{who} lacks planned seeds {', '.join(map(str, s))}" for who, s in (
             ("the arm", sorted(set(info["seeds"]) - set(c["arm_seeds"]))),
             ("the baseline", sorted(set(info["seeds"]) - set(c["baseline_seeds"])))) if s]

@@ -4,8 +4,9 @@
     python -m minillm.analysis.report <sweep> --compare norm --baseline layernorm    # + verdicts (verdict_files)
     python -m minillm.analysis.plans PLAN.yaml --sweep NAME                           # pre-register (minillm-plan)
 
-Writes ``report.md`` (one row per norm x placement x lr, plus any other config key that varies across the
-sweep, seeds pooled; then LR sensitivity per norm x placement), ``report.json`` (the same rows) and PNGs:
+Writes ``report.md`` (one row per norm x placement x lr, plus any other setting that varies across the sweep,
+settings.* included, seeds pooled, with the val and test losses; then LR sensitivity per norm x placement),
+``report.json`` (the same rows) and PNGs:
 ``loss_by_norm.png``, ``loss_by_placement.png``, ``grad_norm.png``, ``residual_growth.png``,
 ``lr_sensitivity.png``; with decay branches (runs of ``decay_from=``) ``loss_vs_tokens.png``. With ``--compare``
 (or ``--plan``) also ``verdicts.json``, ``verdicts.md`` and ``verdicts.png`` (docs/comparing.md).
@@ -29,7 +30,8 @@ from typing import Any
 
 from minillm import schema
 from minillm.analysis import branches, verdict_files
-from minillm.analysis.runs import Run, RunsError, distinct_runs, group_runs, load_runs, unfinished
+from minillm.analysis.runs import Run, RunsError, distinct_runs, flat_settings, group_runs, load_runs, unfinished
+from minillm.analysis.strata import NEVER_SPLIT
 from minillm.analysis.sweep_plots import PLOTS, plot_all
 from minillm.errors import ArgumentParser
 from minillm.outcome import loss_for_comparison, numbers
@@ -45,11 +47,29 @@ def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def with_settings(runs: Sequence[Run]) -> list[Run]:
+    """The runs with their ``settings`` also as dotted keys (settings.model.branch_scale), so that a setting stored
+    only there (a model option, an optimizer or schedule argument) can split rows like a top-level key."""
+    return [Run(r.dir, {**r.summary, **flat_settings(r.get("settings"))}, r._curves) for r in runs]
+
+
 def varying_keys(runs: Sequence[Run]) -> list[str]:
     """The EXTRA_KEYS that take several values within one norm x placement x lr group (so they split rows;
-    norm_options, which follows the norm, does not count unless an option varies for the same norm)."""
+    norm_options, which follows the norm, does not count unless an option varies for the same norm), then each
+    ``settings.*`` key (runs of with_settings) that still varies once those keys are fixed (so
+    settings.model.n_layers does not repeat n_layers; the seed's keys never count: seeds are pooled)."""
     groups = group_runs(runs, GROUP_KEYS).values()
-    return [k for k in EXTRA_KEYS if any(len({_key(r.get(k)) for r in members}) > 1 for members in groups)]
+    chosen = [k for k in EXTRA_KEYS if any(len({_key(r.get(k)) for r in members}) > 1 for members in groups)]
+    for key in sorted({k for r in runs for k in r.summary if k.startswith("settings.")} - set(NEVER_SPLIT)):
+        if any(len({_key(r.get(key)) for r in members}) > 1
+               for members in group_runs(runs, [*GROUP_KEYS, *chosen]).values()):
+            chosen.append(key)
+    return chosen
+
+
+def header_of(key: str) -> str:
+    """A row key as the table's header writes it (settings.model.branch_scale: model.branch_scale)."""
+    return key.removeprefix("settings.")
 
 
 def clipped_loss(run: Run, loss_init: float | None) -> float:
@@ -128,6 +148,7 @@ def _mean(runs: Sequence[Run], field: str) -> float:
 COLUMNS = (
     Column("best val loss (mean ± std)", schema.BEST_VAL_LOSS, _survivors_mean_std),
     Column("final val loss", schema.FINAL_VAL_LOSS, _survivors_mean_std),
+    Column("test loss", schema.TEST_LOSS, _survivors_mean_std),
     Column("diverged", schema.DIVERGED, _fraction, "diverged_fraction", "{:.2f}"),
     Column("failed", schema.FAILED, _fraction, "failed_fraction", "{:.2f}"),
     Column("max attn logit", "max_attn_logit", _largest),
@@ -142,6 +163,7 @@ COLUMNS = (
 
 def summarize(runs: Sequence[Run]) -> dict[str, Any]:
     """Rows of the main table (COLUMNS) and of the LR-sensitivity table, as plain data."""
+    runs = with_settings(runs)
     extra = varying_keys(runs)
     rows = []
     for key, members in group_runs(runs, [*GROUP_KEYS, *extra]).items():
@@ -180,11 +202,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 def markdown(data: dict[str, Any], sweep_dir: Path) -> str:
     extra = data["extra_keys"]
-    main = _table([*GROUP_KEYS, *extra, "runs", *(c.header for c in COLUMNS)],
+    main = _table([*GROUP_KEYS, *map(header_of, extra), "runs", *(c.header for c in COLUMNS)],
                   ([*(r[k] for k in (*GROUP_KEYS, *extra)), r["runs"], *(_cell(c, r[c.row_key]) for c in COLUMNS)]
                    for r in data["rows"]))
     sens = _table(
-        ["norm", "placement", *extra, "LR sensitivity", "best lr", "best loss", "highest stable lr",
+        ["norm", "placement", *map(header_of, extra), "LR sensitivity", "best lr", "best loss", "highest stable lr",
          "lr grid", "max attn logit (diverged)"],
         ([r["norm"], r["placement"], *(r[k] for k in extra), f"{r['lr_sensitivity']:.4f}", r["best_lr"],
           f"{r['best_loss']:.4f}", r["highest_stable_lr"], ", ".join(_fmt(lr) for lr in r["lr_grid"]),
@@ -212,6 +234,7 @@ def write_report(sweep_dir: str | Path | Sequence[str | Path], out: str | Path |
     """Read the sweep(s), write report.md, report.json and the PNGs to out (default <first sweep_dir>/report)."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     found, duplicates = distinct_runs(list(found) if found is not None else load_runs(dirs))
+    found = with_settings(found)
     runs = [r for r in found if r.get("status") != "preempted"]  # stopped by a signal and not resumed yet
     if not runs:
         raise FileNotFoundError(f"every run under {', '.join(map(str, dirs))} was stopped before its end (status "

@@ -81,6 +81,9 @@ class Rules:
             raise CompareError("--rules-version", f"{self.version} is invalid; allowed: "
                                f"{', '.join(map(str, VERSIONS))}")
         if self.lr_choice == "selection-aware":
+            if self.version < 3:
+                raise CompareError("--lr-choice", "selection-aware is a rule of version 3; allowed under version "
+                                   f"{self.version}: {', '.join(c for c in LR_CHOICES if c != 'selection-aware')}")
             for name, bad, allowed in (("lr", self.lr == "common", "tuned or a learning rate"),
                                        ("interval", self.interval == "bootstrap", "t"),
                                        ("window_error", self.window_error, "off")):

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from minillm.analysis import stats
+from minillm.analysis import exact, stats
 from minillm.analysis.lr_choice import Choice
 from minillm.analysis.runs import group_runs, label
 
@@ -109,6 +109,14 @@ def grid_test(cells: Mapping[tuple[Any, Any], tuple[float, float, float] | None]
             "diff": shown, "ci_low": low, "ci_high": high}
 
 
+def _no_spread(a_vals: Sequence[float], b_vals: Sequence[float], paired: bool) -> bool:
+    """Whether a cell's values do not vary (exact.degenerate): the paired differences, or both arms' runs."""
+    values = [*a_vals, *b_vals]
+    if paired:
+        return exact.degenerate(statistics.stdev([a - b for a, b in zip(a_vals, b_vals, strict=True)]), values)
+    return all(exact.degenerate(statistics.stdev(v), values) for v in (a_vals, b_vals) if len(v) > 1)
+
+
 def compare_grid(arm: Sequence[Mapping], base: Sequence[Mapping], headline: dict, rules: Any,
                  cell: Callable[[Sequence[Mapping], Sequence[Mapping]], dict]) -> dict:
     """``headline`` (compare_pair's fields at each side's best lr) with the selection-aware test over every lr of
@@ -123,6 +131,8 @@ def compare_grid(arm: Sequence[Mapping], base: Sequence[Mapping], headline: dict
             a_vals, b_vals, paired = values["a_vals"], values["b_vals"], values["paired"]
             error = stats.standard_error(a_vals, b_vals, paired) if a_vals and b_vals else None
             diff = statistics.fmean(a_vals) - statistics.fmean(b_vals) if error else None  # paired: the same
+            if error and _no_spread(a_vals, b_vals, paired):
+                error = (0.0, error[1])  # differences that do not vary are no evidence: the cell's p is 1
             cells[(a, b)] = (diff, *error) if error else None
     test = grid_test(cells, list(a_lrs), list(b_lrs), rules.margin, rules.alpha, rules.higher_is_better)
     warnings = list(headline["warnings"])

@@ -26,7 +26,7 @@ from minillm.analysis.compare import compare, some
 from minillm.analysis.rules import ADJUSTS, EQUIVALENCE, FAILURES, INTERVALS, LR_CHOICES, OPTIONS, CompareError, Rules
 from minillm.analysis.runs import label, records_of
 from minillm.analysis.stats import PLAN_POWER, VERDICT_RULES, VERDICTS
-from minillm.analysis.verdict_text import MEANING_V3, _failure_cell, _family_text, _p, _sentence_v3, v2
+from minillm.analysis.verdict_text import MEANING_V3, failure_cell, family_text, p_text, sentence_v3, v2
 from minillm.paths import config_dir, sweep_group
 
 log = logging.getLogger("minillm")
@@ -160,8 +160,8 @@ def sentence(c: dict, result: dict) -> str:
             "inconclusive": f"**{arm} against {base}: inconclusive**"}[word]
     n = f"{c['n_pairs']} pairs" if c["n_pairs"] is not None else f"{c['n_arm']} / {c['n_baseline']} runs, unpaired"
     adjusted = ("" if result.get("family", 1) == 1 or c.get("p_adjusted") is None else
-                f", p adjusted for {result['family']} comparisons {_p(c['p_adjusted'])}" if v2(result) else
-                f", p adjusted for the report's {result['family']} tests {_p(c['p_adjusted'])}")
+                f", p adjusted for {result['family']} comparisons {p_text(c['p_adjusted'])}" if v2(result) else
+                f", p adjusted for the report's {result['family']} tests {p_text(c['p_adjusted'])}")
     diff = ("no difference to show" if c["diff"] is None else
             f"{result['metric']} {c['diff']:+.4f} [{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] ({c['ci_method']}, "
             f"{n}{adjusted})")
@@ -169,15 +169,15 @@ def sentence(c: dict, result: dict) -> str:
     text = f"{head}{where}{estimand}: {diff}"
     fails = c["fail_arm"] or c["fail_baseline"]
     if not v2(result):
-        return _sentence_v3(c, result, text)[:-1] + _breach(c) + "."
+        return sentence_v3(c, result, text)[:-1] + _breach(c) + "."
     if fails and result["failures_rule"] == "penalize":
         text += (f"; it failed in {c['fail_arm']} of {c['n_arm']} runs (baseline {c['fail_baseline']} of "
-                 f"{c['n_baseline']}, Fisher p {_p(c['fisher_p'])}), each counted at ln V")
+                 f"{c['n_baseline']}, Fisher p {p_text(c['fisher_p'])}), each counted at ln V")
         if c.get("diff_trained") is not None and c["trained_pairs"] < (c["n_pairs"] or 0):
             text += f"; among the {c['trained_pairs']} pairs that trained the difference is {c['diff_trained']:+.4f}"
     elif fails:
         text += (f"; failed runs left out ({c['fail_arm']} of {c['n_arm']}, baseline {c['fail_baseline']} of "
-                 f"{c['n_baseline']}, Fisher p {_p(c['fisher_p'])})")
+                 f"{c['n_baseline']}, Fisher p {p_text(c['fisher_p'])})")
     if c.get("p_improvement") is not None:
         text += f"; better in {100 * c['p_improvement']:.0f}% of the pairs"
     if word == "inconclusive" and c["seeds_needed"]:
@@ -219,7 +219,7 @@ def rules_text(result: dict) -> list[str]:
                                    "drop (not a loss)": "left out (the metric has no penalty value)"}
         [result["failures_rule"]] + ("; failure rates compared by Fisher's exact test. " if v2(result) else
                                      "; failure counts compared by Boschloo's exact test, a word of their own. ")
-        + (_family_text(result) if not v2(result) else
+        + (family_text(result) if not v2(result) else
            f"The words keep the family-wise error at {result['alpha']:g} over the {fam} comparisons "
            "(step-down over the tests of no difference and of equivalence)." if fam > 1 else
            "The words are read at alpha for each comparison alone." if legacy(result) or result.get("adjust") == "none"
@@ -272,13 +272,14 @@ def markdown(result: dict) -> str:
         interval = (f"[{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] {c['ci_method']}" if c["ci_low"] is not None
                     else f"- ({c['ci_method']})")
         ruling = (f"**{c['verdict']}**" + ("" if c["informative"] else " (not informative)")
-                  + (" (exploratory)" if c.get("exploratory") else ""))
+                  + (" (exploratory)" if c.get("exploratory") else "")
+                  + (" (not pre-registered)" if c.get("preregistered") is False else ""))
         adjusted = c["p_holm"] if legacy(result) else c.get("p_adjusted")
         row = [label(c["arm"]), _stratum(c), f"{_lr_text(c['arm_lr'])} / {_lr_text(c['baseline_lr'])}",
                _lr_choice_text(c), _fmt(c["n_pairs"]) if c["n_pairs"] is not None else "unpaired", _fmt(c["diff"]),
-               interval, f"{_p(c['p'])} ({_p(adjusted)})", ruling,
-               f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {_p(c['fisher_p'])}"
-               if v2(result) else _failure_cell(c), _fmt(c["seeds_needed"])]
+               interval, f"{p_text(c['p'])} ({p_text(adjusted)})", ruling,
+               f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {p_text(c['fisher_p'])}"
+               if v2(result) else failure_cell(c), _fmt(c["seeds_needed"])]
         if plan:
             row.append(f"{c['expected'] or '-'}" + ("" if c["as_expected"] is None else
                                                      " (met)" if c["as_expected"] else " (not met)"))
@@ -326,7 +327,7 @@ def stability_markdown(result: dict) -> list[str]:
         for m, e in c["measures"].items():
             interval = f"{_fmt(e['diff'])} [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}]"
             lines.append(f"| {label(c['arm'])} | {_stratum(c)} | {c['n_pairs']} | {m} | {_fmt(e['arm_mean'])} | "
-                         f"{_fmt(e['baseline_mean'])} | {interval} | {_p(e['p'])} ({_p(e['p_adjusted'])}) | "
+                         f"{_fmt(e['baseline_mean'])} | {interval} | {p_text(e['p'])} ({p_text(e['p_adjusted'])}) | "
                          f"**{e['verdict']}**{'' if c['informative'] else ' (not informative)'} |")
     lines += [f"- {n}" for n in stab["notes"]]
     if not v2(result):

@@ -8,7 +8,7 @@ from minillm.analysis import family
 from minillm.analysis.stats import PLAN_POWER
 
 
-def _p(value: float | None) -> str:
+def p_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}"
 
 
@@ -17,11 +17,11 @@ def v2(result: dict) -> bool:
     return result.get("version", 2) < 3
 
 
-def _sentence_v3(c: dict, result: dict, text: str) -> str:
+def sentence_v3(c: dict, result: dict, text: str) -> str:
     """sentence()'s rest under rules version 3: the failure word, the shares, what an undecided arm needs."""
     counts = (f"{c['fail_arm']} of {c['n_arm']} runs against {c['fail_baseline']} of {c['n_baseline']}, Boschloo p "
-              f"{_p(c['failure_p'])}" + ("" if result.get("family", 1) == 1 else
-                                         f", adjusted {_p(c['failure_p_adjusted'])}"))
+              f"{p_text(c['failure_p'])}" + ("" if result.get("family", 1) == 1 else
+                                         f", adjusted {p_text(c['failure_p_adjusted'])}"))
     failed = {"penalize": ", each counted at ln V", "drop": ", left out of the difference"}.get(
         result["failures_rule"], ", left out of the difference")
     if c["failure_verdict"] in family.FAILURE_WORDS[:2]:
@@ -37,7 +37,7 @@ def _sentence_v3(c: dict, result: dict, text: str) -> str:
     if pi is not None:
         text += (f"; probability of improvement (an arm run beats a baseline run) {pi['value']:.2f} "
                  f"[{pi['ci_low']:.2f}, {pi['ci_high']:.2f}]")
-    if c["verdict"] == "inconclusive":
+    if c["verdict"] == "inconclusive" and not c.get("no_spread"):
         text += f"; more seeds are needed to decide at the fixed margin ±{result['margin']:g}"
         if c["seeds_needed"]:
             text += f" (about {c['seeds_needed']} pairs for {100 * PLAN_POWER:.0f}% power)"
@@ -48,7 +48,7 @@ def _sentence_v3(c: dict, result: dict, text: str) -> str:
     return text + "."
 
 
-def _family_text(result: dict) -> str:
+def family_text(result: dict) -> str:
     """Rules version 3: the one family of the report's words, and its size."""
     fam, kinds = result.get("family", 1), result.get("family_tests", {})
     if result.get("adjust") == "none":
@@ -75,7 +75,7 @@ MEANING_V3 = [
     "validation windows, so an lr chosen on the validation loss is chosen on the runs that are judged."]
 
 
-def _failure_cell(c: dict) -> str:
+def failure_cell(c: dict) -> str:
     word = f", **{c['failure_verdict']}**" if c.get("failure_verdict") in family.FAILURE_WORDS[:2] else ""
-    return (f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {_p(c['failure_p'])} "
-            f"({_p(c['failure_p_adjusted'])}){word}")
+    return (f"{c['fail_arm']}/{c['n_arm']} / {c['fail_baseline']}/{c['n_baseline']}, {p_text(c['failure_p'])} "
+            f"({p_text(c['failure_p_adjusted'])}){word}")

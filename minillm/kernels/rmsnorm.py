@@ -380,17 +380,17 @@ def _eager_ok(*tensors: Tensor) -> bool:
 # public API
 
 
-def require_fused() -> None:
-    """Raise RuntimeError saying what to do when the fused kernel cannot run here (no silent fallback)."""
+def require_fused(what: str = "fused_rmsnorm", instead: str = "norm=rmsnorm") -> None:
+    """Raise RuntimeError saying what to do when the fused kernels cannot run here (no silent fallback); ``what``
+    names the setting that asked for them, ``instead`` the one that runs anywhere."""
     if not HAS_TRITON:
-        raise RuntimeError("fused_rmsnorm needs Triton, which is not installed: pip install triton "
-                           "(or use norm=rmsnorm)")
+        raise RuntimeError(f"{what} needs Triton, which is not installed: pip install triton (or use {instead})")
     if torch.cuda.is_available() and not _interpreting():
         return
     if os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("fused_rmsnorm needs a CUDA GPU and none is visible: run on a CUDA GPU, or set "
+        raise RuntimeError(f"{what} needs a CUDA GPU and none is visible: run on a CUDA GPU, or set "
                            "TRITON_INTERPRET=1 for the slow CPU interpreter (tests only), "
-                           "or use norm=rmsnorm")
+                           f"or use {instead}")
     if not _interpreting():
         raise RuntimeError("TRITON_INTERPRET=1 was set after minillm.kernels.rmsnorm was imported, so its "
                            "kernels were built for the GPU: set it before the first import")

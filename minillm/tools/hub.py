@@ -6,7 +6,6 @@
 # no `from __future__ import annotations`: the Hub mixin reads the ModelConfig annotation of __init__ as a type
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from minillm.errors import CheckpointError
 from minillm.model import ModelConfig, Transformer
 from minillm.norms import canonical_norms
+from minillm.training.checkpointing import load_weights_only
 from minillm.training.data import Tokenizer, tokenizer_from_state
 
 DATAMODULE_KEY = "TextDataModule"  # Lightning stores a datamodule's state_dict() under its class name
@@ -42,13 +42,7 @@ def read_checkpoint(path: str | os.PathLike, require_tokenizer: bool = True, mma
     if not path.is_file():
         what = "is a directory (a sharded checkpoint? consolidate it first)" if path.is_dir() else "does not exist"
         raise CheckpointError(f"checkpoint {str(path)!r} {what}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as err:
-        detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))  # torch's message is long
-        reason = detail.group(1) if detail else (str(err).strip().splitlines() or [""])[0]
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {reason[:160]}); "
-                              "it is not a checkpoint written by torch.save, or it is truncated") from None
+    ckpt = load_weights_only(path, mmap=mmap)
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     model_cfg = hparams.get("model") if isinstance(hparams, dict) else None
     if not isinstance(model_cfg, dict) or not isinstance(ckpt.get("state_dict"), dict):

@@ -72,7 +72,8 @@ def inspect(ckpt: str | Path, text: str | Path, out: str | Path | None = None, c
     model, tok, meta = load_checkpoint(ckpt)
     text = Path(text)
     if not text.is_file():
-        raise ValueError(f"--text {str(text)!r} does not exist")
+        what = "is a folder, not a file" if text.is_dir() else "does not exist"
+        raise ValueError(f"--text {str(text)!r} {what}; allowed: a UTF-8 text file")
     ids = np.asarray(tok.encode(text.read_text(encoding="utf-8", errors="replace")), dtype=np.int64)
     x = windows(ids, model.cfg.max_seq_len, count)
     values = probe(model, x, batch_size)

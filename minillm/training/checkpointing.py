@@ -8,10 +8,15 @@ GradScaler and buffers such as BatchNorm running statistics; docs/reliability.md
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import pickle
+import re
 import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +36,74 @@ log = logging.getLogger("minillm")
 # --- checkpoint files ---------------------------------------------------------------------------------
 
 
-def _unreadable(path: Any, err: BaseException) -> CheckpointError:
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return CheckpointError(
-        f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {reason[:200]}); it is truncated "
-        "(a save cut short) or not a checkpoint written by torch.save"
-    )
+ZIP_MAGIC = b"PK\x03\x04"  # how every file torch.save writes (its zip format) begins
+
+
+def _is_text(head: bytes) -> bool:
+    if not head or b"\x00" in head:
+        return False
+    for cut in range(4):  # the head may end inside a multi-byte character
+        try:
+            head[:len(head) - cut].decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            pass
+    return False
+
+
+def _first_sentence(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    text = text.split(". ")[0].rstrip(".")
+    return text if len(text) <= 160 else text[:160].rsplit(" ", 1)[0] + " ..."
+
+
+def unreadable(path: Any, err: BaseException) -> CheckpointError:
+    """The one line for a file that torch.load (weights only) cannot read, told from the file itself: empty, a
+    pickle whose objects the weights-only reader refuses (a payload: none of it ran), a zip archive cut short,
+    text, or something else (the error's first sentence)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        head = b""
+    call = re.search(r"GLOBAL (\S+)", str(err))
+    refused = isinstance(err, pickle.UnpicklingError) and (  # torch's weights-only reader refused what it asks for
+        call or head.startswith(ZIP_MAGIC) or head[:1] == b"\x80")  # a call, or a binary pickle (not text)
+    if not head:
+        why = "is empty (0 bytes), not a checkpoint"
+    elif refused:
+        detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+        what = f"a call of {call.group(1)}" if call else detail.group(1).rstrip(".") if detail else "objects"
+        why = (f"is refused unread: it is a pickle that asks for more than tensors and plain values ({what}), which "
+               "minillm never loads, so nothing of it ran; allowed: a checkpoint minillm wrote")
+    elif head.startswith(ZIP_MAGIC):  # torch's zip format, cut short (no central directory, or no archive at all)
+        why = "is truncated: its zip archive has no end (a save or a copy cut short)"
+    elif _is_text(head):
+        why = "is a text file, not a checkpoint"
+    else:
+        why = f"is not a checkpoint written by torch.save ({type(err).__name__}: {_first_sentence(err)})"
+    return CheckpointError(f"checkpoint {str(path)!r} {why}")
+
+
+@contextlib.contextmanager
+def quiet_reader() -> Iterator[None]:
+    """Without the weights-only reader's note on a pickle protocol it may not follow (the error line says more)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        yield
+
+
+def load_weights_only(path: str | os.PathLike, mmap: bool = False) -> Any:
+    """torch.load of tensors and plain values only (a pickle payload is refused, never run); ``mmap``: tensors are
+    not read (a file in torch's zip format; an older format is read whole). CheckpointError (unreadable) when the
+    file is not a checkpoint."""
+    try:
+        with open(path, "rb") as f:
+            mmap = mmap and f.read(4) == ZIP_MAGIC
+        with quiet_reader():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:
+        raise unreadable(path, err) from err
 
 
 def _check_is_lightning(path: Any, ckpt: Any) -> dict:
@@ -57,10 +124,7 @@ def read_checkpoint_header(path: str | os.PathLike, field: str = "ckpt_path") ->
         raise CheckpointError(f"{field}={str(path)!r} is a folder, not a checkpoint: give a .ckpt file{hint}")
     if not file.is_file():
         raise CheckpointError(f"{field}={str(path)!r} does not exist")
-    try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:
-        raise _unreadable(file, err) from err
+    ckpt = load_weights_only(file, mmap=True)
     return ckpt if sharded else _check_is_lightning(path, ckpt)
 
 
@@ -100,11 +164,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
                         weights_only: bool | None = None) -> dict[str, Any]:
         try:
-            ckpt = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            with quiet_reader():
+                ckpt = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist") from err
         except Exception as err:
-            raise _unreadable(path, err) from err
+            raise unreadable(path, err) from err
         return _check_is_lightning(path, ckpt)
 
 

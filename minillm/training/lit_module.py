@@ -24,7 +24,15 @@ from minillm.training import loss as losses
 from minillm.training.callbacks.common import log_metrics
 from minillm.training.callbacks.reads import DeviceReads, logging_step, step_ended
 from minillm.training.checkpointing import check_model_config
-from minillm.training.optim import BARE_MUON, check_fused, is_bare_muon, param_groups, scale_group_lrs, with_fused
+from minillm.training.optim import (
+    BARE_MUON,
+    check_fused,
+    is_bare_muon,
+    optimizer_kind,
+    param_groups,
+    scale_group_lrs,
+    with_fused,
+)
 from minillm.version import provenance
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -277,14 +285,11 @@ class LitLM(L.LightningModule):
     def param_groups(self) -> list[dict]:
         """The optimizer's groups; an optimizer that splits off the hidden matrices (MuonWithAdamW) gets them first;
         under muP the hidden matrices' lr multiplier is the optimizer's (minillm.mup.hidden_lr_mult)."""
-        factory = getattr(self.optimizer_factory, "func", self.optimizer_factory)
-        muon = getattr(factory, "splits_hidden_matrices", False)
-        kind = "muon" if muon else "adamw" if factory in (torch.optim.AdamW, torch.optim.Adam) else getattr(
-            factory, "__name__", str(factory))
+        kind = optimizer_kind(self.optimizer_factory)
         adjust = getattr(self.optimizer_factory, "keywords", {}).get("adjust_lr_fn")
         mult = mup.hidden_lr_mult(self.model.cfg, kind, adjust)
         return param_groups(self.model, self.hparams.decay_norms, self.hparams.decay_embeddings,
-                            split_hidden=muon, hidden_lr_mult=mult)
+                            split_hidden=kind == "muon", hidden_lr_mult=mult)
 
     def optimizer_step(self, *args, **kwargs) -> None:
         """Lightning's optimizer step, then the model's renormalize_ (nGPT's matrices back on the unit sphere, on

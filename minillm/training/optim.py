@@ -15,6 +15,7 @@ from minillm.mup import is_hidden_matrix
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt", "wsd")
 STEP_FREE_SCHEDULES = ("constant", "inverse_sqrt")  # they ignore total_steps and min_lr_ratio
+MUON_LR_RULES = (None, "original", "match_rms_adamw")  # Muon's adjust_lr_fn (torch.optim.Muon)
 DECAY_SHAPES = ("sqrt", "linear", "cosine")  # wsd's decay: 1 - sqrt(progress), 1 - progress, half a cosine
 # the settings of a WSD run's decay: what a decay branch (decay_from=) may change, and nothing else
 DECAY_SETTINGS = ("total_steps", "min_lr_ratio", "decay_fraction", "decay_shape", "decay_start")
@@ -160,6 +161,17 @@ def is_bare_muon(target: object) -> bool:
     return (muon is not None and target is muon) or str(target) in ("torch.optim.Muon", "torch.optim._muon.Muon")
 
 
+def optimizer_kind(factory: object) -> str:
+    """What muP's lr rule (minillm.mup.hidden_lr_mult) calls an optimizer class: ``muon`` (one that splits off the
+    hidden matrices: MuonWithAdamW), ``adamw`` (torch's AdamW or Adam), else its class name."""
+    factory = getattr(factory, "func", factory)  # a partial (Hydra's _partial_)
+    if getattr(factory, "splits_hidden_matrices", False):
+        return "muon"
+    if factory in (torch.optim.AdamW, torch.optim.Adam):
+        return "adamw"
+    return getattr(factory, "__name__", str(factory))
+
+
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer of two: ``torch.optim.Muon`` (Jordan et al. 2024: momentum, then the update orthogonalized by
     Newton-Schulz iterations) for the 2-D hidden matrices, ``torch.optim.AdamW`` for the rest (embedding, head,
@@ -204,7 +216,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         check_bool("optimizer.nesterov", kw["nesterov"])
         check_int("optimizer.ns_steps", kw["ns_steps"], low=1, high=99)
         check_number("optimizer.weight_decay", kw["weight_decay"], low=0.0)
-        check_choice("optimizer.adjust_lr_fn", kw["adjust_lr_fn"], (None, "original", "match_rms_adamw"))
+        check_choice("optimizer.adjust_lr_fn", kw["adjust_lr_fn"], MUON_LR_RULES)
         check_number("optimizer.adamw_lr", kw["adamw_lr"], low=0.0, low_open=True)
         check_betas("optimizer.adamw_betas", kw["adamw_betas"])
         check_number("optimizer.adamw_eps", kw["adamw_eps"], low=0.0, low_open=True)

@@ -199,7 +199,7 @@ def test_loader_settings(corpus: Path, tmp_path: Path):
         ({"seq_len": 2.5}, "data.seq_len=2.5 is invalid; allowed: an int > 0"),
         ({"val_fraction": 0}, "data.val_fraction=0 is invalid; allowed: a float in (0, 1)"),
         ({"val_fraction": 1.5}, "data.val_fraction=1.5 is invalid; allowed: a float in (0, 1)"),
-        ({"val_fraction": None}, "data.val_fraction=None is invalid; allowed: a float in (0, 1)"),
+        ({"val_fraction": None}, "data.val_fraction=null is invalid; allowed: a float in (0, 1)"),
         ({"val_windows": 0}, "data.val_windows=0 is invalid; allowed: an int > 0 or null"),
         ({"train_samples": 3}, "data.train_samples=3 is invalid; allowed: >= data.batch_size=32"),
         ({"num_workers": -1}, "data.num_workers=-1 is invalid; allowed: an int >= 0"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shlex
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,9 @@ class SpikeCapture(Observer):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._on:
             self._check(trainer)
+            if not self.written:  # say so: a capture that caught nothing leaves no file to look for
+                log.info(f"callbacks.spike: no loss spike or divergence in this run; nothing written to "
+                         f"{self.dirpath}")
         self._clear()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
@@ -200,7 +204,7 @@ class SpikeCapture(Observer):
             "kind": kind, "step": step, "reason": reason,
             "loss": metrics.get(TRAIN_LOSS), "loss_z": metrics.get(LOSS_SPIKE_SCORE),
             "checkpoint": {"path": ckpt_path.name, "step": start},  # beside this file: the run folder can move
-            "replay": f"minillm-replay {ckpt_path} --steps {start}:{step + 1}",
+            "replay": f"minillm-replay {shlex.quote(str(ckpt_path))} --steps {start}:{step + 1}",
             "batch": self._batch(trainer, step, per_step),
             "steps": [s for s, _ in rows],
             "samples_per_step": per_step,

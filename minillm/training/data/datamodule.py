@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from minillm.errors import ConfigError, DataError, check_bool, check_int
+from minillm.errors import ConfigError, DataError, check_bool, check_int, invalid
 from minillm.outcome import unigram_loss
 from minillm.training.data.corpus import SOURCES, CorpusSpec
 from minillm.training.data.store import StoreSpec, TokenStore, prepare_store
@@ -88,7 +88,7 @@ class TextDataModule(L.LightningDataModule):
             raise ConfigError(f"data.num_workers={num_workers!r} is invalid; allowed: an int >= 0")
         is_number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
         if not is_number or not 0 < val_fraction < 1:
-            raise ConfigError(f"data.val_fraction={val_fraction!r} is invalid; allowed: a float in (0, 1)")
+            raise invalid("data.val_fraction", val_fraction, "a float in (0, 1)")
         if tokenizer == "bpe":
             check_int("data.vocab_size", vocab_size, low=257)  # 256 bytes + the end-of-document token
         check_int("data.bpe_train_bytes", bpe_train_bytes, low=1, optional=True)

@@ -1,8 +1,8 @@
 """The checks of a run's config that no component makes: the top-level keys (seed, name, train, ...), the keys of
 the components minillm does not own (Lightning's Trainer, torch's optimizer: their own errors name no field),
 and the rules across groups. Each minillm component checks its own keys when it is built (ModelConfig, the
-norms, the data module, the callbacks); ``check_model`` builds the model config early, so its errors come before
-the data is tokenized.
+norms, the data module, the callbacks); ``check_model_early`` builds the model early (on the meta device), so its
+errors and its layers' come before the data is tokenized and before anything is written.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from minillm import _compat
+from minillm import _compat, mup
 from minillm.errors import (
     ConfigError,
     check_betas,
@@ -24,13 +26,14 @@ from minillm.errors import (
     check_number,
     invalid,
 )
-from minillm.model import PLACEMENTS
+from minillm.model import PLACEMENTS, Transformer
 from minillm.norms import batch_statistics
-from minillm.training.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda
+from minillm.training.optim import BARE_MUON, MuonWithAdamW, is_bare_muon, lr_lambda, optimizer_kind
 from minillm.training.run.build import model_config, precision_plugins, trains_on_cpu
 
 PRECISIONS = _compat.lightning_precisions()  # Lightning's own list
 TEST_WEIGHTS = ("final", "best")
+CLIP_ALGORITHMS = (None, "norm", "value")  # Lightning's
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -69,7 +72,7 @@ def check_trainer(t: dict) -> None:
     check_int("trainer.log_every_n_steps", t.get("log_every_n_steps", 50), low=1)
     check_int("trainer.accumulate_grad_batches", t.get("accumulate_grad_batches", 1), low=1)
     check_number("trainer.gradient_clip_val", t.get("gradient_clip_val"), low=0.0, optional=True)
-    check_choice("trainer.gradient_clip_algorithm", t.get("gradient_clip_algorithm"), (None, "norm", "value"))
+    check_choice("trainer.gradient_clip_algorithm", t.get("gradient_clip_algorithm"), CLIP_ALGORITHMS)
     check_int("trainer.num_nodes", t.get("num_nodes", 1), low=1)
     check_int("trainer.check_val_every_n_epoch", t.get("check_val_every_n_epoch"), low=1, optional=True)
     check_int("trainer.num_sanity_val_steps", t.get("num_sanity_val_steps", 0), low=-1)
@@ -147,27 +150,39 @@ def check_fused_norm(c: dict) -> None:
     traceback from inside a layer (norm_impl=auto takes another implementation instead)."""
     model = c.get("model") or {}
     names = {model.get("norm"), model.get("qk_norm"), *((s or {}).get("norm") for s in model.get("layers") or [])}
-    asked = "norm=fused_rmsnorm" if "fused_rmsnorm" in names else (
-        "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None)
+    fused = "fused_rmsnorm" in names
+    asked = "norm=fused_rmsnorm" if fused else "model.norm_impl=triton" if model.get("norm_impl") == "triton" else None
     if asked:
         from minillm.kernels import rmsnorm as kernel
 
+        what = asked if fused else f"model.norm_impl=triton (the Triton kernel of norm={model.get('norm')})"
+        instead = "norm=rmsnorm" if fused else "model.norm_impl=auto"
         try:
-            kernel.require_fused()
+            kernel.require_fused(what, instead)
         except RuntimeError as err:
-            raise ConfigError(f"{asked}: {err}") from None
+            raise ConfigError(str(err)) from None
         if (c.get("trainer") or {}).get("accelerator") == "cpu" and not kernel._interpreting():
-            raise ConfigError(f"{asked} with trainer.accelerator=cpu is invalid: the kernel runs on CUDA tensors; "
-                              "allowed: trainer=gpu (or trainer.accelerator=gpu|auto), or norm=rmsnorm on the CPU")
+            raise ConfigError(f"{what} with trainer.accelerator=cpu is invalid: the kernel runs on CUDA tensors; "
+                              f"allowed: trainer=gpu (or trainer.accelerator=gpu|auto), or {instead} on the CPU")
 
 
 def check_model_early(cfg: DictConfig) -> None:
-    """The model config's own checks before the data is prepared (a BPE may train for minutes first); the
-    vocabulary comes from the tokenizer, so model.vocab_size may only be given when it agrees (checked later)."""
+    """The model's own checks before the data is prepared (a BPE may train for minutes first) and before anything
+    is written: the model config's, every layer's (a norm's options: the model is built on the meta device, which
+    allocates and initializes nothing) and muP's rule for the optimizer. The vocabulary comes from the tokenizer,
+    so model.vocab_size may only be given when it agrees (checked later)."""
     given = cfg.model.get("vocab_size")
     if given is not None:
         check_int("model.vocab_size", given, low=1)
-    model_config(cfg, vocab_size=given or 256)
+    model = model_config(cfg, vocab_size=given or 256)
+    with torch.device("meta"):
+        Transformer(model)
+    optimizer = cfg.get("optimizer") or {}
+    try:
+        factory = get_object(str(optimizer.get("_target_")))
+    except Exception:  # noqa: BLE001  (instantiating it later says what is wrong with the _target_)
+        return
+    mup.hidden_lr_mult(model, optimizer_kind(factory), optimizer.get("adjust_lr_fn"))
 
 
 def warn_about_precision(cfg: DictConfig) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import signal
 from collections import Counter
 from pathlib import Path
@@ -58,7 +59,7 @@ def resume_hint(cfg: DictConfig, folder: Path) -> str:
     ckpt = find_resume_checkpoint(folder)
     if ckpt is None:
         return "it has no checkpoint to resume from: run the same command again"
-    return f"resume this run with the same command plus ckpt_path={ckpt}"
+    return f"resume this run with the same command plus {shlex.quote(f'ckpt_path={ckpt}')}"
 
 
 def _loss(value: Any) -> str:
@@ -79,8 +80,17 @@ def outcome_line(folder: Path, record: dict[str, Any], evaluation: bool = False)
         detail += f", test loss {_loss(record.get(schema.TEST_LOSS))}"
     if status == "diverged":
         detail = f"at step {record.get(schema.DIVERGED_STEP)}: {record.get('diverged_reason')}"
+    unigram = record.get(schema.UNIGRAM_LOSS)
+    if status in ("completed", "not_trained") and record.get(schema.FAILED) and unigram is not None:
+        detail += (f"; it counts as failed: final val loss >= {_loss(unigram)}, the unigram loss (what token "
+                   "frequencies alone give)")
     return (f"run {status} after {record.get('steps')} steps ({detail}): {folder} (summary.json, csv/metrics.csv, "
-            f"train.log); table and plots: python -m minillm.analysis.report {folder}")
+            f"train.log); table and plots: {report_command(folder)}")
+
+
+def report_command(folder: Path) -> str:
+    """The report command for a run or sweep folder, as a shell takes it (a path with spaces quoted)."""
+    return f"python -m minillm.analysis.report {shlex.quote(str(folder))}"
 
 
 def stopped_line(cfg: DictConfig, folder: Path, signum: int, phase: str, record: dict[str, Any]) -> str:
@@ -105,7 +115,7 @@ def count_line(folder: Path) -> str:
     counts = Counter(str(r.summary.get("status")) for r in runs)
     ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
     return (f"sweep ended, {len(runs)} jobs: {ended}; {folder}; "
-            f"table and plots: python -m minillm.analysis.report {folder}")
+            f"table and plots: {report_command(folder)}")
 
 
 class SweepEnd(Callback):

@@ -88,6 +88,14 @@ def one_line(err: BaseException) -> str | None:
             keys = parent.keys() if hasattr(parent, "keys") else []
             options = sorted(str(k) for k in keys if not str(k).startswith("_"))
             where, _, leaf = key.rpartition(".")
+            try:  # the deepest node that exists (callbacks, when callbacks.text_sample is not in this config)
+                where = parent._get_full_key(None) if parent is not None and parent._get_parent() is not None else ""
+            except Exception:  # noqa: BLE001  (an older OmegaConf: the key's own parent)
+                pass
+            if where and key.startswith(where + "."):
+                leaf = key[len(where) + 1:].split(".")[0]  # the first part that is missing
+            elif not where:
+                leaf = key.split(".")[0]
             known = f"; {where or 'the top level'} has: {', '.join(options)}" if options else ""
             return (f"config error: {key} is not a key of the config{known}{_suggest(leaf, options)}; to add a "
                     f"new key write +{key}=...")

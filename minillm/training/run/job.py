@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException
 
 from minillm.metrics import eval_metric
-from minillm.training.run import build, checks, resume
+from minillm.training.run import build, checks, checks_warnings, resume
 from minillm.training.run.hydra import config_errors
 from minillm.training.run.naming import group_sweeps
 from minillm.training.run.show import show_config
@@ -48,6 +48,7 @@ def prepare(cfg: DictConfig, start: resume.Resume | None = None) -> Job:
         checks.check_config(cfg)
         checks.check_model_early(cfg)
         checks.warn_about_precision(cfg)
+        checks_warnings.warn_about_settings(cfg)
         build.set_threads(cfg)
         if start is None:
             start = resume.resolve(cfg)  # a decay branch sets its schedule and length: before the run is named

@@ -32,8 +32,12 @@ def group_sweeps(cfg: DictConfig) -> None:
             wandb.name = run_name(cfg)
 
 
+# model options a run's name shows (as <key> when true, else <key>=<value>) where they differ from the default run's
+MODEL_TAGGED = ("qk_norm_axis", "qk_norm_on", "qk_norm_gains", "v_norm", "attn_scale", "branch_scale",
+                "branch_scale_init", "layer_output_scale", "embed_scale", "embed_norm", "layernorm_scaling", "ngpt",
+                "attn_logit_softcap", "final_logit_softcap")
 NAMED = ("norm", "placement", "model.n_layers", "model.dim", "model.qk_norm", "model.parametrization",
-         "model.mup_base_width", "optimizer", "optimizer._target_",
+         "model.mup_base_width", *(f"model.{k}" for k in MODEL_TAGGED), "optimizer", "optimizer._target_",
          "optimizer.lr", "optimizer.adamw_lr", "scheduler.warmup_steps", "trainer.precision",
          "seed")  # what run_name always shows (when not default)
 UNNAMED = ("paths", "hydra", "logger", "callbacks", "name", "run_id", "ckpt_path", "tags", "experiment", "data.files",
@@ -53,15 +57,17 @@ def defaults() -> dict[str, Any]:
     folder = Path(config_dir())
     model = OmegaConf.load(folder / "model" / "default.yaml")
     return {"n_layers": model.n_layers, "dim": model.dim, "qk_norm": model.qk_norm,
+            "model": {k: model.get(k) for k in MODEL_TAGGED},
             "optimizer": OmegaConf.load(folder / "optimizer" / "adamw.yaml")._target_,
             "warmup_steps": OmegaConf.load(folder / "scheduler" / "cosine.yaml").warmup_steps,
             "precision": str(OmegaConf.load(folder / "trainer" / "default.yaml").precision)}
 
 
 def run_name(cfg: DictConfig) -> str:
-    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>][-mup<base width>][-<optimizer>]-lr<lr>
+    """``<norm>-<placement>[-L<layers>][-d<dim>][-qk<qk_norm>][-<model options>][-mup<base width>][-<optimizer>]-lr<lr>
     [-alr<adamw lr>][-wu<warmup>][-<precision>]-s<seed>[-from<step>]`` (L, d, qk, the optimizer, wu and the precision
-    where they differ from the default run's, ``defaults``; mup with model.parametrization=mup; alr with
+    where they differ from the default run's, ``defaults``; the model options of MODEL_TAGGED likewise, each as
+    model_tag writes it; mup with model.parametrization=mup; alr with
     optimizer=muon; from<step> for a decay branch, decay_from), and in a sweep every other override of the job as
     ``-<last key part>=<value>``: the sweep's jobs get distinct names."""
     model, warmup, default = cfg.model, OmegaConf.select(cfg, "scheduler.warmup_steps"), defaults()
@@ -69,6 +75,7 @@ def run_name(cfg: DictConfig) -> str:
     parts += [f"L{model.n_layers}"] if model.n_layers != default["n_layers"] else []
     parts += [f"d{model.dim}"] if model.dim != default["dim"] else []
     parts += [f"qk{model.qk_norm}"] if model.qk_norm != default["qk_norm"] else []
+    parts += [model_tag(k, model.get(k)) for k in MODEL_TAGGED if model.get(k) != default["model"][k]]
     parts += [f"mup{model.mup_base_width}"] if model.get("parametrization") == "mup" else []
     target = str(cfg.optimizer.get("_target_", default["optimizer"]))
     parts += [optimizer_tag(target)] if target != default["optimizer"] else []
@@ -84,6 +91,11 @@ def run_name(cfg: DictConfig) -> str:
             if key not in NAMED and not unnamed(key):
                 parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
     return "-".join(parts)
+
+
+def model_tag(key: str, value: Any) -> str:
+    """A model option in a run name: ``v_norm`` for true, else ``qk_norm_axis=flat``, ``attn_scale=0.2``."""
+    return key if value is True else f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
 
 
 def optimizer_tag(target: str) -> str:

@@ -29,7 +29,7 @@ from minillm.model_config import PLACEMENTS, QK_NORMS
 from minillm.training.checkpointing import RESUME_FILES
 from minillm.training.optim import SCHEDULES
 from minillm.training.run import slurm
-from minillm.training.run.checks import PRECISIONS, TEST_WEIGHTS
+from minillm.training.run.checks import CLIP_ALGORITHMS, PRECISIONS, TEST_WEIGHTS
 
 
 def scheduler_id() -> str | None:
@@ -110,11 +110,34 @@ def hydra_subdir(output_dir: str) -> str:
     return ".hydra"
 
 
+def fixed_choices() -> dict[str, tuple]:
+    """Every config key with fixed choices and its allowed values, from the code that checks them (--help lists
+    them all: tests/test_train.py checks that none is missing)."""
+    from minillm.model_config import INITS
+    from minillm.mup import PARAMETRIZATIONS
+    from minillm.norms.impl import IMPLS
+    from minillm.norms.qk import QK_AXES, QK_GAINS, QK_SITES
+    from minillm.placements import BRANCH_SCALES
+    from minillm.training.callbacks.progress import MODES
+    from minillm.training.callbacks.spike import STORES
+    from minillm.training.lit_module import COMPILE_MODES, LOSS_IMPLS
+    from minillm.training.optim import DECAY_SHAPES, MUON_LR_RULES
+
+    return {"placement": PLACEMENTS, "test_weights": TEST_WEIGHTS, "trainer.precision": PRECISIONS,
+            "trainer.gradient_clip_algorithm": CLIP_ALGORITHMS,
+            "model.qk_norm": QK_NORMS, "model.qk_norm_axis": QK_AXES, "model.qk_norm_gains": (*QK_GAINS, None),
+            "model.qk_norm_on": QK_SITES, "model.branch_scale": BRANCH_SCALES, "model.init": INITS,
+            "model.norm_impl": IMPLS, "model.parametrization": PARAMETRIZATIONS,
+            "optimizer.adjust_lr_fn": MUON_LR_RULES,
+            "scheduler.kind": SCHEDULES, "scheduler.decay_shape": DECAY_SHAPES,
+            "module.loss_impl": LOSS_IMPLS, "module.compile_mode": COMPILE_MODES,
+            "callbacks.progress_bar.mode": MODES, "callbacks.spike.store": STORES}
+
+
 def choices(kind: str) -> str:
-    """The allowed values of a key with fixed choices, for --help (from the code that checks them)."""
-    lists = {"placement": PLACEMENTS, "qk_norm": QK_NORMS, "schedule": SCHEDULES, "precision": PRECISIONS,
-             "test_weights": TEST_WEIGHTS}
-    return ", ".join(lists[kind])
+    """--help's list of the keys with fixed choices, one ``key: a, b, c`` line each (``kind``: all)."""
+    return "\n".join(f"{key}: {', '.join('null' if v is None else str(v) for v in values)}"
+                      for key, values in fixed_choices().items())
 
 
 def slurm_gpus(accelerator: str, devices: object) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from minillm.errors import ConfigError
@@ -98,6 +99,7 @@ def resolve(cfg: DictConfig) -> Resume:
         parent.pop("header", None)
         record_parent(cfg, parent)
     if not training:
+        model_as_trained(cfg, (resume.header.get("hyper_parameters") or {}).get("model"))
         as_evaluation(cfg)
     elif resume.continues_run:
         continue_wandb_run(cfg, resume.header)
@@ -117,9 +119,10 @@ def decay_branch(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"scheduler.decay_fraction={fraction!r} is invalid for a decay branch; allowed: a number "
                           "> 0 and < 1 (the share of the branch's whole run that decays)")
     if not Path(path).expanduser().is_file():
-        raise ConfigError(f"decay_from={path!r} does not exist; allowed: a checkpoint file of a stable phase, e.g. "
+        what = "is a folder, not a checkpoint" if Path(path).expanduser().is_dir() else "does not exist"
+        raise ConfigError(f"decay_from={path!r} {what}; allowed: a checkpoint file of a stable phase, e.g. "
                           "<run>/checkpoints/step-<k>.ckpt")
-    header = read_checkpoint_header(path)
+    header = read_checkpoint_header(path, field="decay_from")
     step = int(header.get("global_step", 0))
     saved = ((header.get("hyper_parameters") or {}).get("run_settings") or {}).get("scheduler") or {}
     if saved.get("kind") not in ("wsd", "constant"):
@@ -147,6 +150,28 @@ def record_parent(cfg: DictConfig, parent: dict[str, Any]) -> None:
     if summary is not None:
         with open_dict(cfg):
             summary.config = {**OmegaConf.to_container(summary.get("config") or {}, resolve=True), "parent": parent}
+
+
+GROUP_FIELDS = {"norm": ("norm", "norm_eps", "norm_options"), "placement": ("placement",)}  # what a group sets
+
+
+def model_as_trained(cfg: DictConfig, saved: dict | None) -> None:
+    """train=false: the model config is the checkpoint's (no retyping of a non-default model), except the fields
+    the command line sets (model.<field>=, norm=, placement=: e.g. norm=rmsnorm for a fused_rmsnorm checkpoint on
+    the CPU), which the comparison with the checkpoint then checks."""
+    if not isinstance(saved, dict):
+        return
+    given: set[str] = set()
+    if HydraConfig.initialized():
+        for override in HydraConfig.get().overrides.task:
+            key = override.lstrip("+~").split("=", 1)[0]
+            given |= set(GROUP_FIELDS.get(key, ())) | ({key.split(".")[1]} if key.startswith("model.") else set())
+    with open_dict(cfg):
+        for name, value in saved.items():
+            if name in cfg.model and name not in given and name != "vocab_size":  # the tokenizer decides it
+                cfg.model[name] = value
+        if "placement" not in given and "placement" in saved:
+            cfg.placement = saved["placement"]
 
 
 def as_evaluation(cfg: DictConfig) -> None:

@@ -1,5 +1,6 @@
 """The resolved config of a run, printed once at its start as a tree (rank 0; ``print_config=false`` silences it):
-what the run really uses, after the overrides, the presets and minillm's own settings (a decay branch's length)."""
+what the run really uses, after the overrides, the presets and minillm's own settings (a decay branch's length).
+A sweep prints one tree, its first job's."""
 
 from __future__ import annotations
 
@@ -35,10 +36,26 @@ def config_tree(cfg: DictConfig) -> Tree:
     return tree
 
 
+def sweep_job() -> int | None:
+    """The job's number in a Hydra multirun; None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return int(HydraConfig.get().job.num)
+
+
 @rank_zero_only
 def show_config(cfg: DictConfig) -> None:
-    """Log the tree (to the console and train.log) unless print_config is false."""
+    """Log the tree (to the console and train.log) unless print_config is false; in a sweep, once (job 0's), and
+    for each later job one line that points to its config file (its overrides are Hydra's line before it)."""
     if not cfg.get("print_config", True):
+        return
+    job = sweep_job()
+    if job:
+        log.info(f"{HEADER}: job #0's tree, with this job's overrides (in full: "
+                 f"{cfg.paths.output_dir}/.hydra/config.yaml)")
         return
     console = Console(width=120, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(config_tree(cfg))
