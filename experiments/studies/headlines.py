@@ -88,7 +88,8 @@ S6_BATCH = 32  # sequences of 64 characters per step: the default config's batch
 
 
 def _s6_scale(folder: Path) -> Numbers:
-    """S6's quality runs: the default model, shortened to 300 steps (r1_cost/quality.py)."""
+    """S6's quality runs of rounds 1-2 (quality.json): the default model, shortened to 300 steps
+    (r1_cost/quality.py)."""
     quality = json.loads((folder / "quality.json").read_text())
     params = [_param_count(**S6_MODEL, norm=r["norm"]) for r in quality["runs"]]
     steps = quality["max_steps"]
@@ -99,6 +100,8 @@ def _s6_scale(folder: Path) -> Numbers:
 def scale(folder: Path) -> Numbers:
     """A round's scale, from its committed runs."""
     special = {"s0_textbook_claims": _s0_scale, "s1_grad_at_init": _s1_scale, "s6_cost": _s6_scale}
+    if folder.parent.name == "s6_cost" and not (folder / "quality.json").exists():  # from round 3: runs.jsonl
+        special.pop("s6_cost")
     if folder.parent.name in special:
         return special[folder.parent.name](folder)
     if not (folder / "runs.jsonl").exists():  # pre-registered, not yet run: no numbers of its own
