@@ -19,7 +19,7 @@ def _derf_runs(derf_gap: float, scale_gain: float, saturated: float = 0.05) -> t
     for a, offset in offsets.items():
         norm, scaled = a.split("+")[0], a.endswith("+scale")
         for s in r4.SEEDS:
-            out.append({"norm": norm, "tags": ["derf", *(["embscale"] if scaled else [])], "seed": s,
+            out.append({"norm": norm, "tags": ["derf", *(["embscale"] if scaled else [])], "seed": s, "lr": 3e-3,
                         "max_steps": r4.STEPS, "final_val_loss": 1.62 + offset + 0.002 * ((s * 3) % 5 - 2),
                         "diverged": False, "status": "completed", "unigram_loss": 3.26, "loss_init": 4.48})
     return Runs(out), {a: [saturated] * len(r4.SEEDS) for a in r4.POINTWISE}
