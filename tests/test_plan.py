@@ -310,7 +310,9 @@ def test_freeze_refuses_a_pilot_without_an_arm_or_an_lr_and_warns_of_a_pilot_too
     assert code == 0, err
     stage = json.loads((tmp_path / "logs" / "ts" / "plan.json").read_text())["stages"][-1]
     assert stage["neighbours"] == {"layernorm": [1e-3, 3e-3, 1e-2], "rmsnorm": [3e-3, 1e-2]}
-    [warning] = stage["warnings"]
+    warning, neighbours = stage["warnings"]
+    assert neighbours.startswith("--neighbours: the judged runs at the neighbouring lrs are part of the design, but "
+                                 "no test reads them yet")
     assert warning.startswith("the pilot is too small to choose the lr of layernorm: 0.003 beats its neighbour 0.01")
     assert "about" in warning and warning.endswith("pilot seeds would do") and f"warning: {warning}" in out
 

@@ -228,6 +228,9 @@ def freeze(record: Mapping, records: Sequence[Mapping], pilot_dirs: Sequence[str
         warnings.append(f"{len(early)} pilot run(s) started before the plan was recorded")
     place = {v: next(i for i, x in enumerate(grid) if same_lr(x, lr)) for v, lr in chosen.items()}
     near = {v: grid[max(i - 1, 0):i + 2] for v, i in place.items()} if neighbours else None
+    if neighbours:
+        warnings.append("--neighbours: the judged runs at the neighbouring lrs are part of the design, but no test "
+                        "reads them yet (each value is judged at its chosen lr): they cost runs for a later analysis")
     commands = [train_command(plan, sweep, [v], near[v] if near else [chosen[v]], judged) for v in chosen]
     return {"stage": "freeze", "version": plan_stage["version"], "frozen_at": utc_now(),
             "pilot_dirs": [str(d) for d in pilot_dirs], "pilot_runs": len(runs),

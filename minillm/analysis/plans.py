@@ -321,7 +321,7 @@ def _freeze_main(argv: Sequence[str]) -> None:
     parser.add_argument("--sweep", required=True, help="the sweep's name: its plan is <logs>/<sweep>/plan.json")
     parser.add_argument("--logs", type=Path, default=Path("logs"), help="the log folder (default: logs)")
     parser.add_argument("--neighbours", action="store_true", help="also judge each value at the grid lrs beside its "
-                        "chosen one (lr ± 1 grid step)")
+                        "chosen one (lr ± 1 grid step; no test reads them yet)")
     args = parser.parse_args(argv)
     try:
         path, stage = freeze_plan(args.sweep, args.pilot, args.logs, args.neighbours)
