@@ -86,7 +86,8 @@ def figure(result: dict, path: Path) -> None:
         for c in mine:
             y = names.index(c["scenario"]) + (i - 1) * 0.22
             rate = 100 * c["family_false"]["rate"]
-            err = [[rate - 100 * c["family_false"]["low"]], [100 * c["family_false"]["high"] - rate]]
+            low, high = 100 * c["family_false"]["low"], 100 * c["family_false"]["high"]
+            err = [[max(0.0, rate - low)], [max(0.0, high - rate)]]  # a Wilson end may round past the rate
             ax.errorbar(rate, y, xerr=err, fmt="o", color=colors[design], ms=4,
                         label=design if c is mine[0] else None)
             if design == "two-stage" and c["false_vs_best"]["rate"] != c["family_false"]["rate"]:
