@@ -4,14 +4,7 @@ The checkout's entry point; the same ``main`` is installed as the console script
 lives in minillm/training/train.py.
 """
 
-import sys
-
-try:
-    from minillm.training.train import main
-except KeyboardInterrupt:  # torch, Lightning and Hydra take seconds to import: a Ctrl-C there is one line
-    print("stopped by SIGINT (Ctrl-C) while Python imported minillm's libraries: nothing ran, nothing was written",
-          file=sys.stderr)
-    sys.exit(130)
+from minillm.training.entry import main  # a Ctrl-C while it imports torch, Lightning and Hydra is one line
 
 if __name__ == "__main__":
     main()

@@ -365,15 +365,19 @@ def test_train_false_reads_the_model_config_from_the_checkpoint(tmp_path, shared
         out.output)
 
 
-def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(tmp_path):
-    """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in."""
+@pytest.mark.parametrize("entry", ["train.py", "minillm-train"])
+def test_ctrl_c_while_train_py_imports_its_libraries_is_one_line(entry, tmp_path):
+    """A fresh interpreter (torch, Lightning and Hydra take seconds to import) stopped by Ctrl-C a second in, started
+    as train.py or as the console script (whose wrapper imports minillm.training.entry, as train.py does)."""
     import os
     import signal
     import sys
     import time
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, TRAIN], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    command = ([sys.executable, TRAIN] if entry == "train.py" else
+               [sys.executable, "-c", "import sys; from minillm.training.entry import main; sys.exit(main())"])
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)

@@ -19,7 +19,7 @@ import minillm.training.train as train_script
 from minillm.tools.evaluate import evaluate
 from minillm.version import provenance
 
-SCRIPTS = {"minillm-train": "minillm.training.train:main", "minillm-report": "minillm.analysis.report:main",
+SCRIPTS = {"minillm-train": "minillm.training.entry:main", "minillm-report": "minillm.analysis.report:main",
            "minillm-eval": "minillm.tools.evaluate:main", "minillm-sample": "minillm.tools.sample:main",
            "minillm-export": "minillm.tools.export:main", "minillm-prepare": "minillm.tools.prepare:main",
            "minillm-import": "minillm.tools.import_hf:main", "minillm-inspect": "minillm.tools.inspection:main",
