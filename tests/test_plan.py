@@ -51,7 +51,7 @@ def test_plan_records_its_hash_and_time_and_is_not_overwritten_without_force(tmp
     assert recorded.tzinfo is not None and abs((datetime.now(timezone.utc) - recorded).total_seconds()) < 60
     assert record["plan"] == {**parse_plan(PLAN), "question": record["plan"]["question"]}
     assert record["plan"]["metric"] == "auto" and record["plan"]["alpha"] == 0.05  # the defaults, recorded
-    assert record["rules_version"] == RULES_VERSION == 3 and record["plan"]["failures"] == "penalize"
+    assert record["rules_version"] == RULES_VERSION == 4 and record["plan"]["failures"] == "penalize"
     assert f"recorded {tmp_path / 'logs' / 's' / 'plan.json'}" in out
     code, _, err = plan_main([tmp_path / "plan.yaml", "--sweep", "s", "--logs", tmp_path / "logs"], capsys)
     assert code == 2 and "already holds a plan" in err and "pass --force to record a new version" in err

@@ -42,7 +42,7 @@ import yaml
 
 from minillm.analysis import design, design_check, plan_record
 from minillm.analysis.plan_record import PlanError, number, parse_time, sha256, utc_now
-from minillm.analysis.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, VERSION, CompareError, Rules
+from minillm.analysis.rules import LR_RULES, OPTIONS, REGISTERED_BEFORE, VERSION, VERSIONS, CompareError, Rules
 from minillm.analysis.runs import RunsError, label, load_runs, records_of
 from minillm.analysis.strata import matches
 from minillm.errors import ArgumentParser
@@ -135,7 +135,7 @@ def recorded_defaults(record: Mapping) -> dict[str, Any]:
     """The defaults a recorded plan is graded with: those of the rules version it was recorded under (before
     versions: REGISTERED_BEFORE over version 2's)."""
     version = record.get("rules_version")
-    if version == RULES_VERSION:
+    if version in VERSIONS and version >= 3:  # version 4 changed no default of version 3
         return DEFAULTS
     if version == 2:
         return DEFAULTS_V2

@@ -22,10 +22,12 @@ ADJUSTS = ("holm", "none")
 EQUIVALENCE = ("tost", "interval")
 PAIRED_BY = ("auto", "seed", "none")
 INTERVALS = ("t", "bootstrap")
-# The engine's current rules: version 3, as of 2026-12-02 (a change to any word or number it gives is version 4);
-# 2: the rules of 2026-11-28 to 2026-12-01 (the studies registered then pin them).
-VERSION = 3
-VERSIONS = (2, 3)
+# The engine's current rules: version 4, as of 2026-12-02 (a change to any word or number it gives is version 5);
+# 3: the same but for the stability verdict, whose curves it read around the best lr of the seeds' mean
+# (minillm.analysis.lr_curves; the plans recorded under it keep it); 2: the rules of 2026-11-28 to 2026-12-01 (the
+# studies registered then pin them).
+VERSION = 4
+VERSIONS = (2, 3, 4)
 
 
 class CompareError(ValueError):
@@ -84,7 +86,7 @@ class Rules:
                                f"{', '.join(map(str, VERSIONS))}")
         if self.lr_choice == "selection-aware":
             if self.version < 3:
-                raise CompareError("--lr-choice", "selection-aware is a rule of version 3; allowed under version "
+                raise CompareError("--lr-choice", "selection-aware is a rule of version 3 on; allowed under version "
                                    f"{self.version}: {', '.join(c for c in LR_CHOICES if c != 'selection-aware')}")
             for name, bad, allowed in (("lr", self.lr == "common", "tuned or a learning rate"),
                                        ("interval", self.interval == "bootstrap", "t"),
