@@ -185,6 +185,28 @@ def test_a_chance_best_in_a_few_seeds_does_not_move_every_seeds_reading():
     assert after["verdict"] == "inconclusive" and after["p"] > 0.05
 
 
+def test_the_report_decides_by_the_rules_version_asked_for(tmp_path, capsys):
+    """minillm-report --rules-version: 4 by default, 3 for the stability reading of version 3, one line otherwise."""
+    fails_top = {**BOWL, 1e-1: None}
+    runs = curves(fails_top, fails_top)
+    for r in runs:
+        if r["norm"] == "qk" and r["lr"] == 3e-3 and r["seed"] in (0, 1):
+            r["final_val_loss"] = r["best_val_loss"] = r["final_val_loss"] - 0.25
+    sweep = write_sweep(tmp_path / "s", runs)
+    words = {}
+    for version in (None, 3):
+        extra = [] if version is None else ["--rules-version", str(version)]
+        code, _, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm", "--stability", *extra],
+                                   capsys)
+        assert code == 0, err
+        verdicts = json.loads((sweep / "report" / "verdicts.json").read_text())
+        (c,) = verdicts["stability_verdict"]["comparisons"]
+        words[verdicts["version"]] = c["measures"]["lr_sensitivity"]["verdict"]
+    assert words == {4: "inconclusive", 3: "worse"}
+    code, _, err = report_main([sweep, "--compare", "norm", "--baseline", "layernorm", "--rules-version", "7"], capsys)
+    assert code == 2 and "--rules-version: 7 is invalid; allowed: 2, 3, 4" in err.strip().splitlines()[-1]
+
+
 def test_a_failure_is_the_failure_rates_not_a_high_sensitivity():
     """qk's curve is layernorm's but it diverges at the top lr: version 2 counted that as 2.2 nats of sensitivity
     too (worse twice for one fact); now the sensitivity is read where both trained, the failure rate carries it."""

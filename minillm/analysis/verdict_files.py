@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    f"{DEFAULT.range_margin})")
     g.add_argument("--rate-margin", type=float, help=f"equivalence margin of the failure rate (default "
                    f"{DEFAULT.rate_margin})")
+    g.add_argument("--rules-version", dest="version", type=int, help=f"the rules that decide (default "
+                   f"{DEFAULT.version}; 3: the stability verdict read around the best lr of the seeds' mean; 2: the "
+                   "rules the studies registered 2026-11-28 to 2026-12-01 pin)")
     g.add_argument("--plan", nargs="?", const="auto", metavar="PATH", help="grade by a recorded plan (plan.json, "
                    "default: found in or above the sweep folder); its rules replace the options above")
     g.add_argument("--wandb", action="store_true", help="log the verdicts and the forest plot to a W&B run "
