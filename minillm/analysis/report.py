@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm import schema
-from minillm.analysis import branches, verdict_files
+from minillm.analysis import branches, verdict_cli, verdict_files
 from minillm.analysis.runs import Run, RunsError, distinct_runs, flat_settings, group_runs, load_runs, unfinished
 from minillm.analysis.strata import NEVER_SPLIT
 from minillm.analysis.sweep_plots import PLOTS, plot_all
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                "(docs/comparing.md).")
     parser.add_argument("sweep_dir", type=Path, nargs="+", help="folder(s) holding run folders with summary.json")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first sweep_dir>/report)")
-    verdict_files.add_arguments(parser)
+    verdict_cli.add_arguments(parser)
     parser.add_argument("--skip-bad", action="store_true", help="skip run folders whose summary.json cannot be "
                         "read (each named in a warning) instead of stopping at the first")
     args = parser.parse_args(None if argv is None else list(argv))
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"warning: {len(still)} run(s) have not ended (training now, or killed before their summary): "
               f"{', '.join(still[:3])}{' ...' if len(still) > 3 else ''}; the report covers the runs that ended",
               file=sys.stderr)
-    verdicts = verdict_files.prepare(parser, args, found, still)  # checked and computed before anything is written
+    verdicts = verdict_cli.prepare(parser, args, found, still)  # checked and computed before anything is written
     try:
         path = write_report(args.sweep_dir, args.out, found, still)
     except FileNotFoundError as err:
