@@ -176,7 +176,8 @@ def analyze(runs: Runs, standard: Runs | None = None) -> tuple[dict, str]:
         observed[str(w)] = {"best_loss_mup_minus_standard": d}
     tab = table(["arm", "width", "seeds", "best lr (seed mean of the parabola vertex)", "lr sensitivity (nats)",
                  "best loss on the grid", "max attention logit"], rows, digits=4)
-    obs = "; ".join(f"width {w}: {ci(o['best_loss_mup_minus_standard'])}" for w, o in observed.items())
+    obs = "; ".join(f"width {w}: {o['best_loss_mup_minus_standard']['diff']:+.3f} "
+                    f"{ci(o['best_loss_mup_minus_standard'])}" for w, o in observed.items())
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
     md = (f"lr grid: {', '.join(f'{lr:g}' for lr in LRS)}; muP seeds 0-4 (this round), standard seeds 0-2 (S3 "
           f"rounds 4-5).\n\n{tab}\n\n{pre.line(gate_r)}\n\n{pre.line(gate_p)} Its 95% interval: "
