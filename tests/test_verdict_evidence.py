@@ -386,3 +386,23 @@ def test_pairs_for_margin_where_scipys_noncentral_t_gives_nan():
 
     assert pairs_for_margin(0.001, 2, 0.02, tests=1) == 3 and pairs_for_margin(0.001, 2, 0.02, tests=2) == 3
     assert pairs_for_margin(0.0175, 3, 0.02, tests=2) == pairs_for_margin(0.0175, 3, 0.02, tests=2, max_n=200)
+
+
+def test_version_4_reads_each_run_around_its_lowest_trained_loss_and_gives_no_range_to_a_one_step_window():
+    """A failed cell is never a run's own best (its loss, a mean with a failed run, can be the lowest), and a pair
+    whose window holds one grid step (its runs' bests at opposite ends of a 2-lr grid) has no range, not a tie."""
+    from minillm.analysis.lr_curves import aligned_measures
+    from minillm.analysis.rules import Rules
+
+    grid, seeds = [1e-3, 1e-2, 1e-1], [0, 1, 2]
+    arm = {s: {1e-3: (1.0, True), 1e-2: (2.0, False), 1e-1: (2.1 + 0.01 * s, False)} for s in seeds}
+    base = {s: {1e-3: (2.1, False), 1e-2: (2.0, False), 1e-1: (2.1 + 0.02 * s, False)} for s in seeds}
+    found, _ = aligned_measures(arm, base, grid, seeds, Rules())
+    assert found["lr_sensitivity"][0] == pytest.approx((0.05, 0.05))  # both read around 1e-2
+    two = [1e-2, 1e-1]
+    arm2 = {s: {1e-2: (2.0, False), 1e-1: (2.2, False)} for s in seeds}
+    base2 = {s: {1e-2: (2.2, False), 1e-1: (2.0, False)} for s in seeds}
+    found, _ = aligned_measures(arm2, base2, two, seeds, Rules())
+    assert found["lr_range_decades"] == [(None, None)] * 3
+    found, _ = aligned_measures(arm2, base2, two, seeds, Rules(version=3))  # version 3 kept as it was
+    assert found["lr_range_decades"] == [(0.0, 0.0)] * 3

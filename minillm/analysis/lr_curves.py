@@ -24,10 +24,11 @@ words come from the report's one family (minillm.analysis.family). A warning say
 or one sits at the grid's edge.
 
 Rules version 4: the same, but each seed pair is read around each run's own best lr (its lowest trained loss), not
-around the best of the seeds' mean. Version 3's best is chosen on the very seeds it then measures, and when the two
-arms' chosen bests differ by chance their windows cover different stretches of the curves for every seed at once,
-so identical arms got a sensitivity word in up to 8% of sweeps (more with more seeds); read per seed, the pair's
-difference changes sign when the arm and the baseline swap, so identical arms give differences centred on zero.
+around the best of the seeds' mean, and a pair whose window holds one grid step has no range either. Version 3's
+best is one choice made from every seed's runs: when the two arms' bests differed by chance, the windows of every
+seed moved at once (with failures at the top lrs, cut differently for the two arms), so the seed pairs' differences
+shared one offset and were no longer independent, and identical arms got a sensitivity word in up to 8% of sweeps,
+more with more seeds. Each pair read on its own runs is independent of the other pairs again.
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def _best_index(curves: Mapping[Any, Mapping[Any, tuple[float, bool]]], grid: Se
     return min(range(len(grid)), key=lambda i: statistics.fmean(curves[s][grid[i]][0] for s in seeds))
 
 
+def _own_best(curve: Mapping[Any, tuple[float, bool]], grid: Sequence[Any]) -> int | None:
+    """Rules version 4: the grid index of a run's lowest trained loss (None when it trained at no lr)."""
+    trained = [i for i, lr in enumerate(grid) if not curve[lr][1]]
+    return min(trained, key=lambda i: curve[grid[i]][0]) if trained else None
+
+
 def _steps(best: Mapping[str, int], grid: Sequence[Any]) -> tuple[int, int]:
     """The grid steps (low <= 0 <= high) around each of the bests that both curves hold."""
     return -min(best.values()), min(len(grid) - 1 - b for b in best.values())
@@ -154,8 +161,8 @@ def aligned_measures(arm_c: Mapping, base_c: Mapping, grid: Sequence[Any], seeds
             warnings.append(f"the {who}'s best lr {label(grid[b])} sits at the grid's edge: its curve beyond is "
                             "unseen, and the measures are bounded by the grid")
     for s in seeds:
-        own = best if rules.version < 4 else {who: _best_index(c, grid, [s]) for who, c in (("arm", arm_c),
-                                                                                             ("baseline", base_c))}
+        own = best if rules.version < 4 else {who: _own_best(c[s], grid) for who, c in (("arm", arm_c),
+                                                                                        ("baseline", base_c))}
         if None in own.values():  # one run of the pair trained at no lr: its failures are the failure rate's
             out["lr_sensitivity"].append((None, None))
             out["lr_range_decades"].append((None, None))
@@ -169,6 +176,9 @@ def aligned_measures(arm_c: Mapping, base_c: Mapping, grid: Sequence[Any], seeds
         sens = {who: (statistics.fmean(loss[who][i] for i in both) - min(loss[who][i] for i in both)
                       if len(both) >= 2 else None) for who in own}
         out["lr_sensitivity"].append((sens["arm"], sens["baseline"]))
+        if rules.version >= 4 and high == low:  # one grid step in the window: no range to measure
+            out["lr_range_decades"].append((None, None))
+            continue
         out["lr_range_decades"].append(tuple(_trainable_range(loss[who], trained[who], window[who], rules.tolerance)
                                              for who in own))
     return out, warnings

@@ -1,6 +1,6 @@
 """The rules of a comparison, in one place: their defaults, their check (naming the command-line option at fault)
 and the rules minillm's earlier studies were registered with. Used by the engine (minillm.analysis.compare), the plan
-(minillm.analysis.plans) and the command line (minillm.analysis.verdict_files); docs/comparing.md explains each.
+(minillm.analysis.plans) and the command line (minillm.analysis.verdict_cli); docs/comparing.md explains each.
 """
 
 from __future__ import annotations

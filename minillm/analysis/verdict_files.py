@@ -228,7 +228,9 @@ def stability_markdown(result: dict) -> list[str]:
              f"nats), the trainable lr range (decades within {stab['tolerance']:g} nats of the best) and the failure "
              + (f"rate; paired by seed; words adjusted over the {stab['family']} tests of this table."
                 if v2(result) else
-                "rate; each arm's curve read around its own best lr; the sensitivity over the lrs where both runs of "
+                "rate; " + ("each arm's curve read around its own best lr" if result.get("version") == 3 else
+                            "each seed pair read around each run's own best lr (rules version 4)")
+                + "; the sensitivity over the lrs where both runs of "
                 "a pair trained (paired t), the range by the sign test, the failure rate by the exact test stratified "
                 f"by seed; words adjusted in the report's one family of {stab['family']} tests."), "",
              "| arm | stratum | seeds | measure | arm | baseline | diff [interval] | p (adjusted) | verdict |",
