@@ -131,7 +131,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     f1_word = "not at this scale" if gs_fails else "confirmed" if f1["reading"] == "holds" else "partly"
     def line(name: str, text: str) -> tuple[str, str]:
         part = holm["parts"][name]
-        return prereg.verdict_line(name, part, text) if part["mean"] is not None else ("unresolved", f"{name}: no pairs")
+        if part["mean"] is None:
+            return "unresolved", f"{name}: no pairs"
+        return prereg.verdict_line(name, part, text)
 
     f3_word, f3_why = line("F3", "GS+batch - PN-G at batch 4")
     verdicts = {"F1": (pre.gate(f1_word, gate), f"{gs_fails} GS run(s) failed at batch 4; "
