@@ -22,7 +22,7 @@ import torch
 import experiments
 from experiments import index
 from experiments.common import claims, layout, reference
-from experiments.common.machine import machine, run_kernels, runs_machine
+from experiments.common.machine import machine, run_kernels, runs_commits, runs_machine
 
 ROOT, EXPERIMENTS, STUDIES, BENCHMARKS = layout.ROOT, layout.EXPERIMENTS, layout.STUDIES, layout.BENCHMARKS
 ANALYSES = layout.analyses()  # every round that re-analyzes committed runs, found on disk
@@ -304,6 +304,9 @@ def test_analyses_name_the_machine_their_runs_recorded():
                                                        not m.startswith("the runs' records, ")]
     assert runs_machine([{"cpu_capability": "AVX2", "torch_version": "2.13.0+cpu"}] * 3) == (
         "the runs' records, AVX2 kernels, torch 2.13.0+cpu: 3 runs")
+    recorded = [{"git_commit": "e31a8e5aa", "git_dirty": False}, {"git_commit": "3bc3281ff", "git_dirty": True},
+                {"git_commit": "e31a8e5aa", "git_dirty": False}, {}]
+    assert runs_commits(recorded) == "3bc3281+dirty, commit unrecorded, e31a8e5"
 
 
 def _smallest(n: int) -> list[Path]:

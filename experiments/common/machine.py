@@ -71,6 +71,11 @@ def runs_machine(runs: Iterable[dict]) -> str:
     return f"the runs' records, {run_kernels(list(runs))}"
 
 
+def runs_commits(runs: Iterable[dict]) -> str:
+    """The commits the runs recorded, short and sorted ("+dirty" where a run's checkout had uncommitted changes)."""
+    return ", ".join(sorted({environment(r).split(",")[0] for r in runs}))
+
+
 def environment(run: dict) -> str:
     """Where a run ran, as its summary.json recorded it: "3bfe66c+dirty, AVX2 kernels, torch 2.13.0+cpu"."""
     commit = run.get("git_commit")

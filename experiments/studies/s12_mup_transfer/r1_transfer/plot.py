@@ -20,6 +20,24 @@ HERE = Path(__file__).parent
 COLORS = {w: f"C{i}" for i, w in enumerate(WIDTHS)}
 
 
+def best_lr_panel(ax, best: dict, seeds: dict[str, tuple[int, ...]], widths: tuple[int, ...],
+                  spread: float = 0.0) -> None:
+    """The best lr against the width per arm: a dot per seed (``best``: results.json's "arm/width/seed" -> log10
+    lr*; dots of arm i shifted by a factor 1 + spread * (2i - 1) to keep two arms apart), a line through the seeds'
+    geometric mean."""
+    for i, arm in enumerate(seeds):
+        per_width = [[10 ** best[f"{arm}/{w}/{s}"] for s in seeds[arm] if f"{arm}/{w}/{s}" in best] for w in widths]
+        for w, vals in zip(widths, per_width, strict=True):
+            ax.scatter([w * (1 + spread * (2 * i - 1))] * len(vals), vals, color=f"C{i}", s=12, alpha=0.6)
+        ax.plot(widths, [10 ** mean(math.log10(v) for v in vals) if vals else None for vals in per_width],
+                color=f"C{i}", label=arm)
+    ax.set(xscale="log", yscale="log", xlabel="width (model.dim)", ylabel="best lr (per seed)",
+           title="does the best lr transfer?")
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+
+
 def main() -> Path:
     runs = [json.loads(line) for line in (HERE / "runs.jsonl").read_text().splitlines() if line.strip()]
     best = json.loads((HERE / "results.json").read_text())["best_log10_lr"]
@@ -40,18 +58,7 @@ def main() -> Path:
         ax.set_xticks(LRS, [f"{lr:g}" for lr in LRS])
         ax.minorticks_off()
         ax.legend(fontsize=7)
-    right = axes[-1]
-    for i, a in enumerate(arms):
-        per_width = [[10 ** best[f"{a}/{w}/{s}"] for s in SEEDS if f"{a}/{w}/{s}" in best] for w in WIDTHS]
-        for w, vals in zip(WIDTHS, per_width, strict=True):
-            right.scatter([w] * len(vals), vals, color=f"C{i}", s=12, alpha=0.6)
-        right.plot(WIDTHS, [10 ** mean(math.log10(v) for v in vals) if vals else None for vals in per_width],
-                   color=f"C{i}", label=a)
-    right.set(xscale="log", yscale="log", xlabel="width (model.dim)", ylabel="best lr (per seed)",
-              title="does the best lr transfer?")
-    right.set_xticks(WIDTHS, [str(w) for w in WIDTHS])
-    right.minorticks_off()
-    right.legend(fontsize=7)
+    best_lr_panel(axes[-1], best, {a: SEEDS for a in arms}, WIDTHS)
     out = HERE / "transfer.png"
     save(fig, out)
     return out

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
+from experiments.common.machine import runs_commits, runs_machine
 from experiments.common.study import Runs, analysis_main, ci, mean, paired, table
 from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r4
 from experiments.studies.s3_lr_sensitivity.r5_width_low_lr import analyze as r5
@@ -179,7 +180,10 @@ def analyze(runs: Runs, standard: Runs | None = None) -> tuple[dict, str]:
     obs = "; ".join(f"width {w}: {o['best_loss_mup_minus_standard']['diff']:+.3f} "
                     f"{ci(o['best_loss_mup_minus_standard'])}" for w, o in observed.items())
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
-    md = (f"lr grid: {', '.join(f'{lr:g}' for lr in LRS)}; muP seeds 0-4 (this round), standard seeds 0-2 (S3 "
+    standard_arm = [r for r in both if arm_of(r) == "standard"]
+    md = (f"Machine: this round's muP runs: {runs_machine(mup)} (commit {runs_commits(mup)}); the standard arm, S3's: "
+          f"{runs_machine(standard_arm)} (commit {runs_commits(standard_arm)}).\n\n"
+          f"lr grid: {', '.join(f'{lr:g}' for lr in LRS)}; muP seeds 0-4 (this round), standard seeds 0-2 (S3 "
           f"rounds 4-5).\n\n{tab}\n\n{pre.line(gate_r)}\n\n{pre.line(gate_p)} Its 95% interval: "
           f"[{standard['ci_low']:+.3f}, {standard['ci_high']:+.3f}] (per seed "
           f"{' / '.join(f'{v:+.3f}' for v in slopes['standard'].values())}).\n\n{pre.line(gate_b)}\n\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from experiments.common.plots import pyplot, save
 from experiments.common.study import mean
+from experiments.studies.s12_mup_transfer.r1_transfer.plot import best_lr_panel
 from experiments.studies.s12_mup_transfer.r2_transfer_400.analyze import LRS, SEEDS, WIDTHS, arm_of, standard_runs
 from minillm.outcome import loss_for_comparison
 
@@ -39,18 +40,7 @@ def main() -> Path:
         ax.set_xticks(LRS, [f"{lr:g}" for lr in LRS])
         ax.minorticks_off()
         ax.legend(fontsize=7)
-    right = axes[-1]
-    for i, arm in enumerate(SEEDS):
-        per_width = [[10 ** best[f"{arm}/{w}/{s}"] for s in SEEDS[arm] if f"{arm}/{w}/{s}" in best] for w in WIDTHS]
-        for w, vals in zip(WIDTHS, per_width, strict=True):
-            right.scatter([w * (1.03 if i else 0.97)] * len(vals), vals, color=f"C{i}", s=12, alpha=0.6)
-        right.plot(WIDTHS, [10 ** mean(math.log10(v) for v in vals) if vals else None for vals in per_width],
-                   color=f"C{i}", label=arm)
-    right.set(xscale="log", yscale="log", xlabel="width (model.dim)", ylabel="best lr (per seed)",
-              title="does the best lr transfer?")
-    right.set_xticks(WIDTHS, [str(w) for w in WIDTHS])
-    right.minorticks_off()
-    right.legend(fontsize=7)
+    best_lr_panel(axes[-1], best, SEEDS, WIDTHS, spread=0.03)
     out = HERE / "transfer.png"
     save(fig, out)
     return out

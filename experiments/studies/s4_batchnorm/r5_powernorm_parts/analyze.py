@@ -48,6 +48,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
+from experiments.common.machine import runs_commits, runs_machine
 from experiments.common.study import Runs, analysis_main, ci, mean, paired, table
 from minillm.outcome import failed_of, loss_for_comparison
 
@@ -149,7 +150,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
     clip_text = "; ".join(f"{a} {d['diff']:+.3f} {ci(d)}" if d.get("diff") is not None else f"{a} -"
                           for a, d in clip_effect.items())
-    md = (f"{tab}\n\n{pre.line(gate)}\n\n### Verdicts (rules fixed before the runs; {holm['text']})\n\n{vt}\n\n"
+    md = (f"Machine: {runs_machine(runs)} (commit {runs_commits(runs)}).\n\n{tab}\n\n{pre.line(gate)}\n\n"
+          f"### Verdicts (rules fixed before the runs; {holm['text']})\n\n{vt}\n\n"
           f"Reported, not tested: at batch 4, clipped - unclipped, paired by seed (nats): {clip_text}.\n")
     return {"cells": [{"arm": a, "batch": b, "clipped": c, "value": value[a, b, c], "failed": fails[a, b, c],
                        "max_grad_norm": grad[a, b, c]} for (a, b, c) in cells],
