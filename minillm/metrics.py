@@ -47,7 +47,7 @@ def eval_metric(stage: str, name: str) -> str:
 
 
 def layer_metric(i: int, name: str) -> str:
-    """``layer/<i>/<name>``: grad_norm, update_ratio, weight_norm, resid_rms, resid_max, attn_logit_max,
+    """``layer/<i>/<name>``: grad_norm, update_ratio, weight_norm, resid_rms, resid_max, resid_median, attn_logit_max,
     attn_entropy_min, attn_entropy_mean."""
     return f"layer/{i}/{name}"
 

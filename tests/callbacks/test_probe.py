@@ -203,3 +203,29 @@ def test_outlier_ratio_and_kurtosis_see_a_massive_activation_at_a_norm_input():
     after = measure()
     assert after["norm/layers.0.attn_norm/outlier_ratio"] > 3 * before["norm/layers.0.attn_norm/outlier_ratio"]
     assert before["norm/layers.0.attn_norm/kurtosis"] < 2 and after["norm/layers.0.attn_norm/kurtosis"] > 15
+
+
+@torch.no_grad()
+def test_residual_stream_max_and_median_match_the_blocks_outputs():
+    """resid_max and resid_median are the max and the (lower) median of |h| over every element of each block's
+    output, averaged (median) or maximised (max) over the forwards of a step; a planted massive activation moves
+    the max and leaves the median."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, init_std=0.3))
+    model.layers[0].register_forward_hook(lambda m, a, out: out.index_put_((torch.tensor(0), torch.tensor(1),
+                                                                            torch.tensor(3)), torch.tensor(500.0)))
+    outs: list[list[torch.Tensor]] = [[], []]
+    for i, block in enumerate(model.layers):
+        block.register_forward_hook(lambda m, a, out, i=i: outs[i].append(out.clone()))
+    probe = ActivationProbe(model)
+    probe.attach()
+    batches = [torch.randint(0, 11, (2, 7)) for _ in range(2)]
+    for idx in batches:
+        model(idx)
+    stats = probe.collect()
+    for i in range(2):
+        flat = [o.abs().flatten().sort().values for o in outs[i]]
+        medians = [float(f[(f.numel() - 1) // 2]) for f in flat]
+        assert stats[f"layer/{i}/resid_median"] == pytest.approx(sum(medians) / 2, rel=1e-6)
+        assert stats[f"layer/{i}/resid_max"] == pytest.approx(max(float(f[-1]) for f in flat), rel=1e-6)
+    assert stats["layer/0/resid_max"] == pytest.approx(500.0) and stats["layer/0/resid_median"] < 5

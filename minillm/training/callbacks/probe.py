@@ -134,7 +134,10 @@ class ActivationProbe:
         if self._in_probe:
             return
         self.values[layer_metric(i, "resid_rms")].append(_rms(out))
-        self.values[layer_metric(i, "resid_max")].append(out.detach().abs().amax().float())
+        magnitude = out.detach().abs().float()
+        self.values[layer_metric(i, "resid_max")].append(magnitude.amax())
+        # the median |h| is the scale massive activations are measured against (max / median >= 100 or so)
+        self.values[layer_metric(i, "resid_median")].append(magnitude.flatten().median())
 
     @torch.no_grad()
     def _norm_hook(self, name: str, module: nn.Module, args: tuple, out: Tensor) -> None:
