@@ -510,3 +510,20 @@ def test_runs_of_different_models_get_different_wandb_names(tmp_path, corpus):
     assert names[2] == "rmsnorm-pre-L2-d32-qkrmsnorm-qk_norm_axis=flat-lr0.003-wu1-s1337"
     assert names[4] == "rmsnorm-pre-L2-d32-v_norm-lr0.003-wu1-s1337"
     assert names[5] == "rmsnorm-pre-L2-d32-attn_scale=0.2-lr0.003-wu1-s1337"
+
+
+@pytest.mark.parametrize("workers, expected", [(0, 6), (2, 4), (8, 1)])
+def test_threads_under_slurm_leave_the_tasks_cpus_to_its_dataloader_workers(monkeypatch, workers, expected):
+    """threads=null in a SLURM task: torch takes the task's CPUs less its DataLoader workers (they run on the same
+    CPUs), never fewer than one; an explicit threads wins."""
+    from minillm.training.run import build
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    before = torch.get_num_threads()
+    try:
+        build.set_threads(OmegaConf.create({"threads": None, "data": {"num_workers": workers}}))
+        assert torch.get_num_threads() == expected
+        build.set_threads(OmegaConf.create({"threads": 3, "data": {"num_workers": workers}}))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

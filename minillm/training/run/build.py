@@ -59,13 +59,16 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
 
 def set_threads(cfg: DictConfig) -> None:
     """torch's intra-op threads: ``threads``, else one per job under the joblib launcher (jobs share the cores), else
-    the CPUs SLURM gave each task (``--cpus-per-task``; torch would take every core of the node)."""
+    the CPUs SLURM gave each task (``--cpus-per-task``; torch would take every core of the node) less the task's
+    DataLoader workers, which run beside its threads on those CPUs (at least one thread)."""
     threads = cfg.get("threads")
     if threads is None and HydraConfig.initialized():
         launcher = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default=""))
         threads = 1 if "Joblib" in launcher else None
     if threads is None and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        threads = int(os.environ["SLURM_CPUS_PER_TASK"])
+        workers = OmegaConf.select(cfg, "data.num_workers", default=0)
+        workers = workers if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 else 0
+        threads = max(1, int(os.environ["SLURM_CPUS_PER_TASK"]) - workers)
     if threads:
         torch.set_num_threads(int(threads))
 
