@@ -391,21 +391,3 @@ def seeds_to_plan(diff: float | None, sd: float | None, n: int, margin: float, a
     fine = np.arange(low, coarse[first] + 1)
     return int(fine[np.argmax(decides(fine))])
 
-
-def rank_test(arm: Sequence[float], baseline: Sequence[float], paired: bool = True) -> dict:
-    """The rank test of "no difference" for outcomes with failed runs in them (a failed run entered at a penalty
-    loss: worse than any run that trained, by an amount that is a convention): paired, Wilcoxon's signed-rank test
-    of the differences arm[i] - baseline[i] (scipy.stats.wilcoxon; zero differences, e.g. a seed that failed in
-    both, left out; exact below 50 pairs without ties); unpaired, the Mann-Whitney U test (mannwhitneyu). Only
-    the order of the outcomes counts, not the size of the penalty. Both are exact under the null that the arms'
-    labels are exchangeable (within each pair), which is what a false "better" or "worse" needs. {p, method};
-    p None without a difference to test."""
-    a, b = np.asarray(arm, dtype=float), np.asarray(baseline, dtype=float)
-    if paired:
-        d = a - b
-        if not np.any(d != 0.0):
-            return {"p": 1.0 if len(d) else None, "method": "signed-rank"}
-        return {"p": float(stats.wilcoxon(d, zero_method="wilcox").pvalue), "method": "signed-rank"}
-    if not len(a) or not len(b):
-        return {"p": None, "method": "Mann-Whitney U"}
-    return {"p": float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue), "method": "Mann-Whitney U"}
