@@ -235,8 +235,25 @@ def test_an_arm_that_failed_at_every_lr_has_no_range_or_sensitivity():
 
 def test_a_best_lr_at_the_grids_edge_is_a_warning():
     edge = {lr: 0.05 * (i - 4) ** 2 for i, lr in enumerate(LRS)}  # best at the top lr
-    (c,) = compare(curves(BOWL, edge), "norm", "layernorm", stability=True)["stability_verdict"]["comparisons"]
+    (c,) = compare(curves(BOWL, edge), "norm", "layernorm", stability=True, version=3)["stability_verdict"][
+        "comparisons"]
     assert any("the arm's best lr 0.1 sits at the grid's edge" in w for w in c["warnings"])
+    (c,) = compare(curves(BOWL, edge), "norm", "layernorm", stability=True)["stability_verdict"]["comparisons"]
+    assert any("the arm's own best lr sits at the grid's edge in 8 of 8 runs" in w for w in c["warnings"])
+
+
+def test_version_4_warns_of_runs_whose_own_best_is_at_the_edge_when_the_seeds_mean_best_is_not():
+    """Version 4 reads each run around its own best, so the edge that bounds its measures is each run's: a curve
+    flat between the top two lrs puts some runs' own best at the top while the seeds' mean best is inside."""
+    flat_top = {lr: [0.3, 0.2, 0.1, 0.0, 0.002][i] for i, lr in enumerate(LRS)}
+    runs = curves(BOWL, flat_top)
+    own_top = sum(min((r for r in runs if r["norm"] == "qk" and r["seed"] == s), key=lambda r: r["final_val_loss"])
+                  ["lr"] == LRS[-1] for s in range(8))
+    assert 0 < own_top < 8
+    (c,) = compare(runs, "norm", "layernorm", stability=True, version=3)["stability_verdict"]["comparisons"]
+    assert not any("edge" in w for w in c["warnings"])
+    (c,) = compare(runs, "norm", "layernorm", stability=True)["stability_verdict"]["comparisons"]
+    assert any(f"the arm's own best lr sits at the grid's edge in {own_top} of 8 runs" in w for w in c["warnings"])
 
 
 # --- failures get a word of their own ------------------------------------------------------------------------------

@@ -156,10 +156,17 @@ def aligned_measures(arm_c: Mapping, base_c: Mapping, grid: Sequence[Any], seeds
                  "can show")
         warnings.append(f"the arms' best lrs differ (arm {label(grid[best['arm']])}, baseline "
                         f"{label(grid[best['baseline']])}): lr sensitivity and range are read around {where}")
+    edges = (0, len(grid) - 1) if len(grid) > 1 else ()
     for who, b in best.items():
-        if b in (0, len(grid) - 1) and len(grid) > 1:
+        if rules.version < 4 and b in edges:
             warnings.append(f"the {who}'s best lr {label(grid[b])} sits at the grid's edge: its curve beyond is "
                             "unseen, and the measures are bounded by the grid")
+        if rules.version >= 4:  # each run is read around its own best: say how many of those sit at an edge
+            curves = arm_c if who == "arm" else base_c
+            at_edge = [s for s in seeds if _own_best(curves[s], grid) in edges]
+            if at_edge:
+                warnings.append(f"the {who}'s own best lr sits at the grid's edge in {len(at_edge)} of {len(seeds)} "
+                                "runs: their curves beyond are unseen, and the measures are bounded by the grid")
     for s in seeds:
         own = best if rules.version < 4 else {who: _own_best(c[s], grid) for who, c in (("arm", arm_c),
                                                                                         ("baseline", base_c))}
