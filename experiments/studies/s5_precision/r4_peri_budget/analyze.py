@@ -34,6 +34,14 @@ Hypotheses (3 judged seeds, paired by seed, each placement at its pilot-chosen l
   when it lies wholly on the other side, "unresolved" when it crosses it; the Holm-adjusted one-sided p over the
   two parts is reported beside each and decides nothing.
 Reported, not tested: every pilot cell; each placement's max / median |h| per block.
+
+Corrections, committed after four of the six pilot runs had ended (the two Pre-LN ones' gate numbers read) and
+before any judged run, towards the text above; none changes a threshold or the design: the parts are gated on the
+pilot's gate as well as the judged one (the code read only the judged one when judged runs existed); a diverged run
+gives no depth growth (its last logged RMS could predate the divergence); a placement with no trained pilot run, a
+gate with nothing recorded, or a judged seed missing stops the analysis; a judged run that failed makes both parts
+"unresolved" (the text said nothing of judged failures; a failure is evidence against neither part's threshold
+that a loss could weigh).
 """
 
 from __future__ import annotations
@@ -79,6 +87,11 @@ def massive_ratio(run: dict) -> float | None:
     return max(ratios) if ratios else None
 
 
+def depth_growth(run: dict) -> float | None:
+    """r_L / r_1 at the last logged step; None for a run that diverged (its last finite RMS may predate it)."""
+    return None if run.get("diverged") else lns.depth_growth(run)
+
+
 def _cell(runs: Runs, placement: str, lr: float, seeds: Sequence[int], value) -> dict[int, float]:
     return prereg.by_seed([r for r in runs if r["placement"] == placement and r["lr"] == lr and r["seed"] in seeds],
                           value)
@@ -93,10 +106,14 @@ def pilot_choice(runs: Runs) -> tuple[dict[str, float], dict]:
         raise SystemExit(f"the pilot lacks {', '.join(f'{p} at lr {lr:g}' for p, lr in missing)} (seed {PILOT_SEED})")
     loss = {(p, lr): _cell(pilot, p, lr, (PILOT_SEED,), final_loss).get(PILOT_SEED, math.inf)
             for p in PLACEMENTS for lr in LRS}
+    if untrained := [p for p in PLACEMENTS if all(math.isinf(loss[p, lr]) for lr in LRS)]:
+        raise SystemExit(f"no pilot run of {', '.join(untrained)} trained: the pilot chooses no lr")
     chosen = {p: min(LRS, key=lambda lr, p=p: loss[p, lr]) for p in PLACEMENTS}
-    growth = _cell(pilot, "pre", chosen["pre"], (PILOT_SEED,), lns.depth_growth)
+    growth = _cell(pilot, "pre", chosen["pre"], (PILOT_SEED,), depth_growth)
     gate = pre.measure("stream_growth", {f"L={DEPTH}": [g / math.sqrt(DEPTH) for g in growth.values()]},
                        f"layer/<i>/resid_rms at the last logged step, Pre-LN's pilot run (seed {PILOT_SEED}) at its lr")
+    if gate["status"] == "not recorded":
+        raise SystemExit("the pilot's gate recorded nothing: Pre-LN's pilot run at its lr has no residual RMS")
     return chosen, gate
 
 
@@ -109,10 +126,13 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     if off := [r for r in judged if r["lr"] != chosen[r["placement"]]]:
         raise SystemExit(f"{len(off)} judged run(s) not at the pilot's lr ({chosen}): "
                          + ", ".join(f"{r['placement']} lr {r['lr']:g} seed {r['seed']}" for r in off))
+    if judged and (missing := [(p, s) for p in PLACEMENTS for s in JUDGED_SEEDS
+                               if not any(r["placement"] == p and r["seed"] == s for r in judged)]):
+        raise SystemExit("judged runs missing: " + ", ".join(f"{p} seed {s}" for p, s in missing))
     if other := [r for r in runs if r["seed"] not in (PILOT_SEED, *JUDGED_SEEDS)]:
         raise SystemExit(f"{len(other)} run(s) of seeds neither the pilot's nor the judged ones")
     pilot_rows = [[p, lr, fmt_or(_cell(runs, p, lr, (PILOT_SEED,), final_loss)),
-                   fmt_or(_cell(runs, p, lr, (PILOT_SEED,), lns.depth_growth)),
+                   fmt_or(_cell(runs, p, lr, (PILOT_SEED,), depth_growth)),
                    fmt_or(_cell(runs, p, lr, (PILOT_SEED,), massive_ratio)), "chosen" if chosen[p] == lr else ""]
                   for p in PLACEMENTS for lr in LRS]
     md = (f"L = {DEPTH}, dim {DIM}, plain init, {STEPS} steps.\n\n### Stage 1: the pilot (seed {PILOT_SEED})\n\n"
@@ -125,7 +145,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     if not judged:
         raise SystemExit(f"the pilot's gate is present: stage 2's judged runs (seeds {JUDGED_SEEDS}) are missing")
     val = {p: _cell(judged, p, chosen[p], JUDGED_SEEDS, final_loss) for p in PLACEMENTS}
-    growth = {p: _cell(judged, p, chosen[p], JUDGED_SEEDS, lns.depth_growth) for p in PLACEMENTS}
+    growth = {p: _cell(judged, p, chosen[p], JUDGED_SEEDS, depth_growth) for p in PLACEMENTS}
     massive = {p: _cell(judged, p, chosen[p], JUDGED_SEEDS, massive_ratio) for p in PLACEMENTS}
     stream = pre.measure("stream_growth", {f"L={DEPTH}": [g / math.sqrt(DEPTH) for g in growth["pre"].values()]},
                          "layer/<i>/resid_rms at the last logged step, the judged Pre-LN runs at the pilot's lr")
@@ -134,10 +154,16 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                          "(reported, decides nothing)", log=True)
     parts = pre.parts({"P1": (prereg.ratios(growth["peri"], growth["pre"]), BOUNDS, "at most", True),
                        "P2": (prereg.diffs(val["peri"], val["pre"]), MARGIN, "at most")})
+    failed = [r for r in judged if final_loss(r) is None]
     verdicts = {}
     for name, text in (("P1", "Peri / Pre depth growth"), ("P2", "Peri - Pre val loss")):
-        word, why = prereg.verdict_line(name, parts["parts"][name], text)
-        verdicts[name] = (pre.gate(word, {"status": "absent" if stream["status"] != "present" else "present"}), why)
+        if failed:
+            word, why = "unresolved", (f"{name}: {len(failed)} judged run(s) failed ("
+                                       + ", ".join(f"{r['placement']} seed {r['seed']}" for r in failed) + ")")
+        else:
+            word, why = prereg.verdict_line(name, parts["parts"][name], text)
+        gates = [{"status": "absent" if g["status"] != "present" else "present"} for g in (pilot_gate, stream)]
+        verdicts[name] = (pre.gate(word, *gates), why)
     rows = [[p, chosen[p], len(val[p]), mean(val[p].values()), mean(growth[p].values()), mean(massive[p].values())]
             for p in PLACEMENTS]
     md += (f"### Stage 2: the judged runs (seeds {', '.join(map(str, JUDGED_SEEDS))}), seed means\n\n"

@@ -18,9 +18,11 @@ if [ "$rc" -eq 3 ]; then                                            # the pilot'
 elif [ "$rc" -ne 0 ]; then
   exit "$rc"
 fi
+pids=()
 for choice in $CHOSEN; do                                           # pre=<lr> peri=<lr>: one sweep each, side by side
   "$PY" train.py -m "${S[@]}" placement="${choice%%=*}" optimizer.lr="${choice#*=}" seed=10,11,12 \
       hydra.sweep.dir=$L/judged_"${choice%%=*}" &
+  pids+=($!)
 done
-wait
+for pid in "${pids[@]}"; do wait "$pid"; done                        # a failed sweep stops here (set -e)
 "$PY" -m $R $L/pilot $L/judged_pre $L/judged_peri

@@ -49,8 +49,24 @@ def test_s5_r4_peri_budget_rules():
     assert _words(res) == {"P1": "not at this scale", "P2": "not at this scale"}, md
     res, md = r4.analyze(_runs(2.0, 0.3, -0.03, judged=False))  # the pilot's gate absent: no stage 2
     assert set(_words(res).values()) == {"premise absent at this scale"} and r4.NOT_RUN_STAGE2 in md, md
-    res, md = r4.analyze(_runs(2.0, 0.3, -0.03))  # judged anyway: the judged gate decides, absent
+    res, md = r4.analyze(_runs(2.0, 0.3, -0.03))  # judged anyway, both gates absent
     assert set(_words(res).values()) == {"premise absent at this scale"}, md
+    res, md = r4.analyze(_runs(3.3, 0.3, -0.03))  # the pilot's gate absent (3.3 < sqrt 12), the judged one present
+    assert res["pilot_gate"]["status"] == "absent" and res["precondition"][1]["status"] == "present", md
+    assert set(_words(res).values()) == {"premise absent at this scale"}, md
+
+
+@pytest.mark.parametrize("failed_seeds", [(10,), (10, 11, 12)])
+def test_s5_r4_a_failed_judged_run_leaves_both_parts_unresolved(failed_seeds):
+    from experiments.studies.s5_precision.r4_peri_budget import analyze as r4
+
+    runs = _runs(6.0, 0.3, -0.03)
+    for r in runs:
+        if r["placement"] == "peri" and r["seed"] in failed_seeds:
+            r.update(diverged=True, status="diverged", final_val_loss=None)
+    res, md = r4.analyze(runs)
+    assert _words(res) == {"P1": "unresolved", "P2": "unresolved"} and "failed" in md, md
+    assert all(r4.depth_growth(r) is None for r in runs if r.get("diverged"))
 
 
 def test_s5_r4_design_is_enforced():
@@ -66,4 +82,13 @@ def test_s5_r4_design_is_enforced():
         r4.analyze(runs)
     runs = Runs(r for r in _runs(6.0, 0.3, -0.03) if not (r["seed"] == r4.PILOT_SEED and r["lr"] == 3e-2))
     with pytest.raises(SystemExit, match="the pilot lacks"):
+        r4.analyze(runs)
+    runs = Runs(r for r in _runs(6.0, 0.3, -0.03) if not (r["placement"] == "peri" and r["seed"] == 12))
+    with pytest.raises(SystemExit, match="judged runs missing: peri seed 12"):
+        r4.analyze(runs)
+    runs = _runs(6.0, 0.3, -0.03)
+    for r in runs:
+        if r["placement"] == "pre" and r["seed"] == r4.PILOT_SEED:
+            r.update(diverged=True, final_val_loss=None)
+    with pytest.raises(SystemExit, match="no pilot run of pre trained"):
         r4.analyze(runs)
