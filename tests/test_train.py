@@ -516,9 +516,12 @@ def test_runs_of_different_models_get_different_wandb_names(tmp_path, corpus):
 def test_threads_under_slurm_leave_the_tasks_cpus_to_its_dataloader_workers(monkeypatch, workers, expected):
     """threads=null in a SLURM task: torch takes the task's CPUs less its DataLoader workers (they run on the same
     CPUs), never fewer than one; an explicit threads wins."""
+    from hydra.core.hydra_config import HydraConfig
+
     from minillm.training.run import build
 
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: False))  # no launcher left by other tests
     before = torch.get_num_threads()
     try:
         build.set_threads(OmegaConf.create({"threads": None, "data": {"num_workers": workers}}))

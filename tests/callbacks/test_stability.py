@@ -98,7 +98,7 @@ def expected_metrics(n_layers: int, bn_layers: set[int]) -> set[str]:
                                   "grad_norm_spike_score", "grad_norm_spikes")}
     for i in range(n_layers):
         keys |= {f"layer/{i}/{k}" for k in ("grad_norm", "update_ratio", "weight_norm", "resid_rms", "resid_max",
-                                            "attn_logit_max", "attn_entropy_min", "attn_entropy_mean")}
+                                            "resid_median", "attn_logit_max", "attn_entropy_min", "attn_entropy_mean")}
         for site in ("attn_norm", "ffn_norm", "attn.q_norm", "attn.k_norm"):
             keys |= {f"norm/layers.{i}.{site}/{k}" for k in ("in_rms", "in_max_fp16", "outlier_ratio", "kurtosis",
                                                              "gain_mean", "gain_std")}

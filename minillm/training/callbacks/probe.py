@@ -93,7 +93,7 @@ def bn_sampling_null(batch: int, momentum: float) -> tuple[float, float]:
 class ActivationProbe:
     """Forward hooks on a ``minillm.model.Transformer`` that record, for the forwards they see:
 
-    per block the residual RMS and max |h| of its output; per norm site the input RMS, max |x| / 65504, the
+    per block the residual RMS, max |h| and median |h| of its output; per norm site the input RMS, max |x| / 65504, the
     outlier ratio max |x| / RMS, the kurtosis of the per-feature RMS (``feature_kurtosis``) and (BatchNorm in
     training mode) the batch-vs-running statistic distance; log Z of the model's output logits (after any soft-cap);
     and, when attached with ``attention=True``, per layer the max attention logit and the attention entropy (min and
@@ -134,10 +134,10 @@ class ActivationProbe:
         if self._in_probe:
             return
         self.values[layer_metric(i, "resid_rms")].append(_rms(out))
-        magnitude = out.detach().abs().float()
-        self.values[layer_metric(i, "resid_max")].append(magnitude.amax())
+        magnitude = out.detach().abs()  # in the output's dtype: max and median are exact there, no fp32 copy
+        self.values[layer_metric(i, "resid_max")].append(magnitude.amax().float())
         # the median |h| is the scale massive activations are measured against (max / median >= 100 or so)
-        self.values[layer_metric(i, "resid_median")].append(magnitude.flatten().median())
+        self.values[layer_metric(i, "resid_median")].append(magnitude.flatten().median().float())
 
     @torch.no_grad()
     def _norm_hook(self, name: str, module: nn.Module, args: tuple, out: Tensor) -> None:
