@@ -53,6 +53,7 @@ from pathlib import Path
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
+from experiments.common.machine import runs_commits, runs_machine
 from experiments.common.study import Runs, analysis_main, load, mean, table
 from experiments.studies.s10_mixln.r2_lns import analyze as lns
 from minillm.metrics import parse_metric
@@ -135,7 +136,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                    fmt_or(_cell(runs, p, lr, (PILOT_SEED,), depth_growth)),
                    fmt_or(_cell(runs, p, lr, (PILOT_SEED,), massive_ratio)), "chosen" if chosen[p] == lr else ""]
                   for p in PLACEMENTS for lr in LRS]
-    md = (f"L = {DEPTH}, dim {DIM}, plain init, {STEPS} steps.\n\n### Stage 1: the pilot (seed {PILOT_SEED})\n\n"
+    md = (f"Machine: {runs_machine(runs)} (commit {runs_commits(runs)}).\n\n"
+          f"L = {DEPTH}, dim {DIM}, plain init, {STEPS} steps.\n\n### Stage 1: the pilot (seed {PILOT_SEED})\n\n"
           + table(["placement", "lr", "val loss", "depth growth r_L / r_1", "max / median |h|", "lr"], pilot_rows)
           + f"\n\nGate on the pilot: {pre.line(pilot_gate)}\n\n")
     results = {"chosen_lr": chosen, "pilot_gate": pilot_gate, "precondition": [pilot_gate]}

@@ -44,14 +44,16 @@ def main() -> Path:
             spike_ax.plot(blocks, [t / m for t, m in zip(top, median, strict=True)], color=color, alpha=0.7, **first)
     loss_ax.set(xscale="log", xlabel="lr", ylabel="final val loss",
                 title=f"stage 1: the pilot (seed {r4.PILOT_SEED}); * chosen")
+    loss_ax.set_xticks(r4.LRS, [f"{lr:g}" for lr in r4.LRS])
+    loss_ax.minorticks_off()
     growth_ax.plot(blocks, [math.sqrt(n) for n in blocks], color="grey", ls=":", label="sqrt(l)")
     growth_ax.set(xlabel="block l", ylabel="residual RMS after block l / after block 1", yscale="log",
                   title=f"stage 2: seeds {', '.join(map(str, r4.JUDGED_SEEDS))}, {r4.STEPS} steps")
     spike_ax.axhline(100, color="grey", ls=":", label="massive activations (100x)")
     spike_ax.set(xlabel="block l", ylabel="max |h| / median |h| after block l", yscale="log",
-                 title="stage 2: the largest activation against the median")
-    for ax in (loss_ax, growth_ax, spike_ax):
-        ax.legend(fontsize=8)
+                 title="stage 2: max against median |h|")
+    for ax, where in ((loss_ax, "best"), (growth_ax, "upper left"), (spike_ax, "lower right")):
+        ax.legend(fontsize=8, loc=where)
     out = HERE / "peri_budget.png"
     save(fig, out)
     return out
