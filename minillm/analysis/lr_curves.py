@@ -25,11 +25,11 @@ or one sits at the grid's edge.
 
 Rules version 4: the same, but each seed pair is read around each run's own best lr (its lowest trained loss), not
 around the best of the seeds' mean, and a pair whose window holds one grid step has no range either; its edge
-warning counts the runs whose own best sits at the grid's edge. Version 3's
-best is one choice made from every seed's runs: when the two arms' bests differed by chance, the windows of every
-seed moved at once (with failures at the top lrs, cut differently for the two arms), so the seed pairs' differences
-shared one offset and were no longer independent, and identical arms got a sensitivity word in up to 8% of sweeps,
-more with more seeds. Each pair read on its own runs is independent of the other pairs again.
+warning counts the runs whose own best sits at the grid's edge. Version 3's best is one choice made from every
+seed's runs: when the two arms' bests differed by chance, the windows of every seed moved at once (with failures at
+the top lrs, cut differently for the two arms), so the seed pairs' differences shared one offset and were no longer
+independent, and identical arms got a sensitivity word in up to 8% of sweeps, more with more seeds. Each pair read
+on its own runs is independent of the other pairs again.
 """
 
 from __future__ import annotations
