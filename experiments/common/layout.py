@@ -2,6 +2,9 @@
 
     studies/sNN_name/              a study: README.md (every round) and one folder per round
     studies/sNN_name/rK_name/      a round: its script(s), its committed data and results, its finding.json
+    studies/sNN_name/rK_name/parts/<piece>/
+                                   a round that runs in pieces: each piece's saved runs (runs.jsonl, curves.json),
+                                   read by its analysis, removed once the round's own runs.jsonl is committed
     benchmarks/<name>/             a measurement of minillm itself: script(s), results, README.md, finding.json
 
 A round whose folder holds ``analyze.py``, the committed runs (``runs.jsonl``) and ``results.json`` is an
@@ -21,6 +24,7 @@ STUDIES = EXPERIMENTS / "studies"
 BENCHMARKS = EXPERIMENTS / "benchmarks"
 STUDY = re.compile(r"s(\d+)_[a-z0-9_]+")
 ROUND = re.compile(r"r(\d+)_[a-z0-9_]+")
+PARTS = "parts"  # a round's folder of pieces (saved runs of a round that runs in pieces)
 
 
 def _numbered(folder: Path, pattern: re.Pattern) -> list[Path]:

@@ -44,7 +44,13 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
                                              "runs.jsonl / curves.json")
     p.add_argument("--out", type=Path, help="folder for results.json, results.md and the plots (and, with sweep "
                                             "folders, runs.jsonl / curves.json); default: the study's own folder")
-    return p.parse_args(argv)
+    p.add_argument("--collect", action="store_true",
+                   help="only save the sweep folders' runs.jsonl / curves.json in --out, no analysis: a part of a "
+                        "round that runs in pieces, which a later analysis reads among its sweep folders")
+    args = p.parse_args(argv)
+    if args.collect and not (args.sweeps and args.out):
+        p.error("--collect needs sweep folder(s) and --out DIR")
+    return args
 
 
 def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
@@ -56,6 +62,9 @@ def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
     args = parse_args(doc, argv)
     out = args.out or folder
     runs = load(folder, args.sweeps, metrics, out)
+    if args.collect:
+        print(f"saved {len(runs)} runs in {out}")
+        return
     write(out, *analyze(runs))
     if engine is not None:
         write_verdicts(out, engine(runs))
@@ -64,17 +73,25 @@ def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
 
 
 def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool], out: Path | None = None) -> Runs:
-    """Runs of the given sweep folders (saved compactly in ``out``, default ``folder``), or the copy in ``folder``."""
-    runs_file, curves_file = folder / "runs.jsonl", folder / "curves.json"
+    """Runs of the given sweep folders (saved compactly in ``out``, default ``folder``), or the copy in ``folder``.
+    A sweep folder holding a runs.jsonl is a saved copy (``--collect``, or a round's folder): its records are read
+    as saved."""
     if sweep_dirs:
         records = []
         for d in sweep_dirs:
+            if (Path(d) / "runs.jsonl").exists():
+                records += saved(Path(d))
+                continue
             for run in find_runs(d):
                 curves = {k: v for k, v in run.curves.items() if metrics(k)}
                 records.append({**run.summary, "curves": curves})
         if not records:
             sys.exit(f"no summary.json under {', '.join(sweep_dirs)}")
         records.sort(key=lambda r: r.get("run_dir") or "")
+        dirs = [r["run_dir"] for r in records if r.get("run_dir")]
+        if len(set(dirs)) < len(dirs):
+            sys.exit(f"a run is given twice (a saved copy and its sweep folder?): "
+                     f"{sorted({d for d in dirs if dirs.count(d) > 1})[0]}")
         out = out or folder
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "runs.jsonl", "w") as f:
@@ -82,12 +99,17 @@ def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool]
                 f.write(json.dumps({k: v for k, v in r.items() if k != "curves"}) + "\n")
         (out / "curves.json").write_text(json.dumps([r["curves"] for r in records], separators=(",", ":")))
         return Runs(records)
-    if not runs_file.exists():
-        sys.exit(f"give the sweep folder(s) to analyze; {runs_file} does not exist yet")
-    summaries = [json.loads(line) for line in runs_file.read_text().splitlines() if line.strip()]
-    curves = json.loads(curves_file.read_text())
-    return Runs({**s, "curves": {k: [tuple(p) for p in v] for k, v in c.items()}}
-                for s, c in zip(summaries, curves, strict=True))
+    if not (folder / "runs.jsonl").exists():
+        sys.exit(f"give the sweep folder(s) to analyze; {folder / 'runs.jsonl'} does not exist yet")
+    return Runs(saved(folder))
+
+
+def saved(folder: Path) -> list[dict]:
+    """The run records a folder's runs.jsonl / curves.json hold (what :func:`load` saved there)."""
+    summaries = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
+    curves = json.loads((folder / "curves.json").read_text())
+    return [{**s, "curves": {k: [tuple(p) for p in v] for k, v in c.items()}}
+            for s, c in zip(summaries, curves, strict=True)]
 
 
 # --- comparisons, by minillm.analysis.stats ------------------------------------------------------------------------
