@@ -1,0 +1,216 @@
+"""S13 round 2 (pre-registered): how many steps does nGPT need to reach Pre-LN RMSNorm's 400-step loss, with its lr
+chosen for each budget? Round 1 ran nGPT at 100, 200 and 400 steps at the one lr its 400-step pilot chose: the paper's
+4x and 2x were not reached (nGPT after 200 steps +0.179 nats above the baseline after 400), and at 400 steps nGPT was
+better (-0.042). Its 400-step run reached the baseline's loss at step 300-400 of a schedule that had not annealed
+there, a speed-up of at least 1.0-1.3x, so how many steps nGPT needs was not measured. This round measures it as the
+paper does: separate runs at budgets between 200 and 400 steps, each its own cosine schedule and its own lr, chosen
+on pilot seeds disjoint from the judged ones. The rules below are committed before any run; the data commit cites
+this one.
+
+Setting: round 1's (configs/experiment/s13_ngpt.yaml: dim 64, 4 layers, 4 heads, context 64, batch 16 x 64
+characters of Shakespeare, AdamW, cosine schedule to 0.1x, ~0.23M parameters, validation every 50 steps). Baseline:
+Pre-LN RMSNorm, warmup 40, weight decay 0.1, at STEPS steps. nGPT: model.ngpt=true, norm=none, no weight decay, no
+warmup (its paper's training) at each of BUDGETS steps.
+
+Stage 1, the pilot (seeds PILOT_SEEDS): the baseline at STEPS steps over BASE_LRS; nGPT at each budget over NGPT_LRS.
+Each cell's lr is the grid point of lower mean final val loss over the pilot seeds (a failed run counted at ln V,
+minillm.outcome.loss_for_comparison), written to lr_choice.json (`--choose-lr SWEEP...`, which prints
+"baseline=<lr> 200=<lr> ... 400=<lr>" for run.sh).
+Stage 2, the judged runs (seeds SEEDS, disjoint from the pilot's): the baseline at its lr, nGPT at each budget at that
+budget's lr.
+
+    bash experiments/studies/s13_ngpt/r2_steps_to_target/run.sh      # pilot, lr choice, judged runs, analysis
+
+Compute: 48 pilot runs and 48 judged runs, 30,400 steps of 1,024 tokens in all; at round 1's ~8,000 tokens/s per
+process, two processes side by side: ~35 min, plus start-up.
+
+Precondition (the gate, per part): both cells a part compares are tuned: the baseline's chosen lr and that of nGPT
+at the part's budget each lie inside their grid, not at its edge. Absent: that part reads "premise absent at this
+scale".
+Hypotheses (8 judged seeds, paired by seed, final val loss, failed runs at ln V; each read with its 95% t interval,
+Holm across the five parts):
+  R-B, for B in 200, 250, 300, 350 (nGPT reaches the baseline's 400-step loss in B steps, a speed-up of 400/B; R-200
+    is round 1's F2 with the lr chosen for the budget): nGPT after B steps - baseline after 400 at most +PARITY.
+  F1 (round 1's, on fresh seeds, with the lr chosen again): nGPT after 400 - baseline after 400 at most -BETTER.
+  Each: "confirmed" when its interval lies at or below the threshold, "not at this scale" when it lies wholly above,
+  "unresolved" when it crosses it.
+The round's reading of the speed-up (from the R-B words, fixed now): at least 400/B for the smallest B whose R-B is
+confirmed; below 400/B' for the largest B' whose R-B reads "not at this scale"; "inconsistent" when a confirmed
+budget lies below one that is not at this scale; a missing end is said ("no budget confirmed", "none excluded").
+Reported, not tested: the pilot's mean loss per lr at each budget; each part's gap per seed; verdicts.json, the
+comparison engine's verdicts (rules version 4, its defaults) of each nGPT budget against the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments.common import precondition as pre
+from experiments.common import prereg
+from experiments.common.machine import runs_commits, runs_machine
+from experiments.common.plots import pyplot, save
+from experiments.common.study import Runs, analysis_main, mean, table
+from minillm.analysis.compare import compare
+from minillm.analysis.runs import find_runs
+from minillm.metrics import VAL_LOSS
+from minillm.outcome import loss_for_comparison
+
+HERE = Path(__file__).parent
+LR_FILE = HERE / "lr_choice.json"
+# --- fixed before the runs ---------------------------------------------------------------------------------
+STEPS, BUDGETS = 400, (200, 250, 300, 350, 400)
+BASE_LRS, NGPT_LRS = (1e-3, 3e-3, 1e-2, 3e-2), (3e-3, 1e-2, 3e-2, 1e-1)
+PILOT_SEEDS, SEEDS = (0, 1), tuple(range(20, 28))
+PARITY = 0.03  # nats: round 1's "the same loss"
+BETTER = 0.01  # nats: round 1's "better" by at least this
+TAG = "steps_to_target"
+ENGINE_RULES = {"version": 4}  # the comparison engine's rules version when this round was pre-registered
+
+
+def cell_of(run: dict) -> str:
+    """"baseline" or the nGPT budget ("200" ... "400") of a run."""
+    ngpt = ((run.get("settings") or {}).get("model") or {}).get("ngpt")
+    return str(run["max_steps"]) if ngpt else "baseline"
+
+
+CELLS = ("baseline", *map(str, BUDGETS))
+
+
+def label(cell: str) -> str:
+    return cell if cell == "baseline" else f"nGPT, {cell} steps"
+
+
+def grid(cell: str) -> tuple[float, ...]:
+    return BASE_LRS if cell == "baseline" else NGPT_LRS
+
+
+def _ours(runs: Runs) -> Runs:
+    return Runs(r for r in runs if TAG in (r.get("tags") or []))
+
+
+def choose_lr(runs: Runs) -> dict:
+    """Each cell's lr from the pilot (PILOT_SEEDS): the grid point of lower mean loss, failures at ln V; a cell
+    without every pilot run stops the choice."""
+    runs, out = _ours(runs), {}
+    if off := [r for r in runs if cell_of(r) == "baseline" and r["max_steps"] != STEPS]:
+        raise SystemExit(f"{len(off)} baseline run(s) not at {STEPS} steps")
+    if other := sorted({cell_of(r) for r in runs} - set(CELLS)):
+        raise SystemExit(f"nGPT runs at budgets this round does not have: {', '.join(other)} steps")
+    for c in CELLS:
+        means = {}
+        for lr in grid(c):
+            vals = [loss_for_comparison(r) for r in runs if cell_of(r) == c and r["seed"] in PILOT_SEEDS
+                    and math.isclose(r["lr"], lr)]
+            if len(vals) != len(PILOT_SEEDS):
+                raise SystemExit(f"the pilot lacks {c} at lr {lr:g}: {len(vals)} of {len(PILOT_SEEDS)} seeds")
+            means[lr] = mean(vals)
+        best = min(means, key=means.__getitem__)
+        out[c] = {"lr": best, "edge": best in (grid(c)[0], grid(c)[-1]),
+                  "pilot": {f"{lr:g}": m for lr, m in means.items()}}
+    return out
+
+
+def speed_up(words: dict[int, str]) -> str:
+    """The round's reading of the speed-up from the R-B words (budget -> word)."""
+    confirmed = [b for b, w in words.items() if w == "confirmed"]
+    excluded = [b for b, w in words.items() if w == "not at this scale"]
+    if confirmed and excluded and min(confirmed) < max(excluded):
+        return "inconsistent: a confirmed budget lies below one that is not at this scale"
+    low = f"at least {STEPS / min(confirmed):.2f}x" if confirmed else "no budget confirmed"
+    high = f"below {STEPS / max(excluded):.2f}x" if excluded else "none excluded"
+    return f"{low}; {high}"
+
+
+def analyze(runs: Runs) -> tuple[dict, str]:
+    runs = _ours(runs)
+    chosen = choose_lr(runs)
+    judged = Runs(r for r in runs if r["seed"] in SEEDS)
+    prereg.require(judged, "the cell's chosen lr", lambda r: math.isclose(r["lr"], chosen[cell_of(r)]["lr"]))
+    val = {c: prereg.by_seed([r for r in judged if cell_of(r) == c], loss_for_comparison) for c in CELLS}
+    if missing := [f"{c} (seeds {sorted(set(SEEDS) - set(v))})" for c, v in val.items() if set(v) != set(SEEDS)]:
+        raise SystemExit(f"judged runs missing: {'; '.join(missing)}")
+    gates = {c: pre.reported(f"a tuned {label(c)}", f"the pilot's best lr ({len(PILOT_SEEDS)} seeds)",
+                             f"inside the grid {grid(c)[0]:g}-{grid(c)[-1]:g}", {label(c): chosen[c]["lr"]},
+                             "absent" if chosen[c]["edge"] else "present", "the pilot runs, this file's lr rule")
+             for c in CELLS}
+    base = val["baseline"]
+    named = {f"R-{b}": (prereg.diffs(val[str(b)], base), PARITY, "at most") for b in BUDGETS[:-1]}
+    named["F1"] = (prereg.diffs(val[str(STEPS)], base), -BETTER, "at most")
+    parts = pre.parts(named)
+    verdicts = {}
+    for name in named:
+        b = STEPS if name == "F1" else int(name[2:])
+        w, why = prereg.verdict_line(name, parts["parts"][name], f"nGPT at {b} steps - baseline at {STEPS}")
+        verdicts[name] = (pre.gate(w, gates["baseline"], gates[str(b)]), why)
+    reading = speed_up({int(k[2:]): w for k, (w, _) in verdicts.items() if k.startswith("R-")})
+    pilot = table(["cell", *(f"lr {lr:g}" for lr in sorted({*BASE_LRS, *NGPT_LRS})), "chosen"],
+                  [[label(c), *(chosen[c]["pilot"].get(f"{lr:g}", "") for lr in sorted({*BASE_LRS, *NGPT_LRS})),
+                    f"{chosen[c]['lr']:g}"] for c in CELLS])
+    rows = [[label(c), f"{chosen[c]['lr']:g}", mean(val[c].values()),
+             "" if c == "baseline" else mean(prereg.diffs(val[c], base)),
+             " / ".join(f"{v:.3f}" for _, v in sorted(val[c].items()))] for c in CELLS]
+    vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
+    md = (f"Machine: {runs_machine(runs)}, from {runs_commits(runs)}; pilot seeds "
+          f"{PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, judged seeds {SEEDS[0]}-{SEEDS[-1]}.\n\n"
+          f"### Stage 1, the pilot: mean final val loss (failures at ln V)\n\n{pilot}\n\n"
+          + "\n\n".join(pre.line(g) for g in gates.values())
+          + f"\n\n### Stage 2, the judged runs: final val loss\n\n"
+          f"{table(['cell', 'lr', 'val loss (mean)', 'minus the baseline (mean)', 'per seed'], rows)}\n\n"
+          f"### Verdicts (rules fixed before the runs; words from the 95% intervals; {parts['text']})\n\n{vt}\n\n"
+          f"The speed-up, read from the R-B words: **{reading}**.\n\n"
+          f"verdicts.md: minillm.analysis.compare's verdicts, each nGPT budget against the baseline.\n")
+    return {"lr_choice": chosen, "val": val, "verdicts": verdicts, "speed_up": reading,
+            "precondition": list(gates.values()), "holm": parts}, md
+
+
+def engine(runs: Runs) -> dict:
+    """verdicts.json: minillm.analysis.compare, each nGPT budget's judged runs against the baseline's."""
+    judged = [{**r, "arm": cell_of(r) if cell_of(r) == "baseline" else f"ngpt@{cell_of(r)}"}
+              for r in _ours(runs) if r["seed"] in SEEDS]
+    return compare(judged, "arm", "baseline", **ENGINE_RULES)
+
+
+def plot(runs: Runs, out: Path) -> None:
+    """The pilot's loss against the lr per cell, and each budget's judged gap to the baseline with its interval."""
+    plt = pyplot()
+    runs = _ours(runs)
+    chosen = choose_lr(runs)
+    res, _ = analyze(runs)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, c in enumerate(CELLS):
+        pts = sorted((float(lr), m) for lr, m in chosen[c]["pilot"].items())
+        axes[0].plot(*zip(*pts, strict=True), "o-", color=f"C{i}", alpha=0.8, label=label(c))
+    axes[0].set(xscale="log", xlabel="lr", ylabel="pilot mean final val loss (failed: ln V)",
+                title=f"pilot, seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}")
+    axes[0].legend(fontsize=8)
+    base = res["val"]["baseline"]
+    for b in BUDGETS:
+        gaps = prereg.diffs(res["val"][str(b)], base)
+        axes[1].scatter([b] * len(gaps), gaps, color="C1", alpha=0.4, s=12)
+        part = res["holm"]["parts"]["F1" if b == STEPS else f"R-{b}"]
+        axes[1].errorbar([b], [part["mean"]], yerr=[[part["mean"] - part["ci_low"]], [part["ci_high"] - part["mean"]]],
+                         fmt="o", color="k", capsize=4)
+    axes[1].axhline(PARITY, color="C3", ls="--", lw=1, label=f"+{PARITY:g} (the same loss)")
+    axes[1].axhline(0, color="grey", lw=0.8)
+    axes[1].set(xlabel="nGPT's budget (steps)", ylabel=f"nGPT - baseline at {STEPS} steps (nats)",
+                title=f"judged seeds {SEEDS[0]}-{SEEDS[-1]}: mean, 95% CI, each seed")
+    axes[1].legend(fontsize=8)
+    save(fig, out / "steps_to_target.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--choose-lr"]:
+        chosen = choose_lr(Runs(run.summary for folder in args[1:] for run in find_runs(folder)))
+        LR_FILE.write_text(json.dumps(chosen, indent=1) + "\n")
+        print(" ".join(f"{c}={chosen[c]['lr']:g}" for c in CELLS))
+        return
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine)
+
+
+if __name__ == "__main__":
+    main()
