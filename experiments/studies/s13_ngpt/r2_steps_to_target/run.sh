@@ -7,8 +7,8 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 R=experiments.studies.s13_ngpt.r2_steps_to_target.analyze
 J=(hydra/launcher=joblib hydra.launcher.n_jobs=${JOBS:-2} threads=1)
-D=logs/s13_ngpt/multiruns/r2
-T='tags=[ngpt_steps,steps_to_target]'
+D=logs/s13_ngpt/r2
+T='tags=[steps_to_target]'
 NGPT=(model.ngpt=true norm=none optimizer.weight_decay=0 scheduler.warmup_steps=0)
 JUDGED=seed=20,21,22,23,24,25,26,27
 "$PY" train.py -m experiment=s13_ngpt norm=rmsnorm optimizer.lr=1e-3,3e-3,1e-2,3e-2 seed=0,1 "$T" \

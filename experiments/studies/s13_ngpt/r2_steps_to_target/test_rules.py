@@ -19,7 +19,7 @@ def _run(cell: str, lr: float, seed: int, loss: float | None) -> dict:
     ngpt, failed = cell != "baseline", loss is None
     steps = int(cell) if ngpt else r2.STEPS
     return {"norm": "none" if ngpt else "rmsnorm", "settings": {"model": {"ngpt": ngpt}},
-            "tags": ["ngpt_steps", r2.TAG], "lr": lr, "seed": seed, "max_steps": steps,
+            "tags": [r2.TAG], "lr": lr, "seed": seed, "max_steps": steps,
             "final_val_loss": None if failed else loss, "diverged": failed, "status": "completed",
             "unigram_loss": 3.26, "loss_init": 4.48, "run_dir": f"{cell}/{lr:g}/{seed}",
             "curves": {"val/loss": [] if failed else [[49, loss + 0.4], [steps - 1, loss]]}}
