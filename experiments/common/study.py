@@ -37,8 +37,14 @@ class Runs(list):
         return sorted({r.get(key) for r in self}, key=lambda v: (v is None, v))
 
 
-def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The analysis CLI: sweep folders (none: the committed runs) and ``--out DIR``."""
+Stage = tuple[str, Callable[[list[str]], None]]  # a two-stage round's step between its stages: (help, run)
+
+
+def parse_args(doc: str, argv: Sequence[str] | None = None, stages: Mapping[str, Stage] | None = None
+               ) -> argparse.Namespace:
+    """The analysis CLI: sweep folders (none: the committed runs), ``--out DIR``, ``--collect``, and each of
+    ``stages`` as ``--<name> SWEEP...`` (a step a round's run.sh takes between its stages, e.g. the pilot's lr
+    choice)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweeps", nargs="*", help="sweep folder(s) holding the runs' summary.json; none: the committed "
                                              "runs.jsonl / curves.json")
@@ -47,6 +53,8 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--collect", action="store_true",
                    help="only save the sweep folders' runs.jsonl / curves.json in --out, no analysis: a part of a "
                         "round that runs in pieces, which a later analysis reads among its sweep folders")
+    for flag, (text, _) in (stages or {}).items():
+        p.add_argument(flag, nargs="+", metavar="SWEEP", help=text)
     args = p.parse_args(argv)
     if args.collect and not (args.sweeps and args.out):
         p.error("--collect needs sweep folder(s) and --out DIR")
@@ -55,11 +63,16 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
 
 def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
                   analyze: Callable[[Runs], tuple[dict, str]], plot: Callable[[Runs, Path], None] | None,
-                  argv: Sequence[str] | None = None, engine: Callable[[Runs], dict] | None = None) -> None:
+                  argv: Sequence[str] | None = None, engine: Callable[[Runs], dict] | None = None,
+                  stages: Mapping[str, Stage] | None = None) -> None:
     """A study's analysis CLI: its runs (sweep folders, or the committed copy in ``folder``), keeping the curves
     ``metrics`` selects; ``analyze`` gives results.json's dict and results.md's text; ``plot`` draws from the runs;
-    ``engine`` gives verdicts.json's dict (minillm.analysis.compare.compare on the runs)."""
-    args = parse_args(doc, argv)
+    ``engine`` gives verdicts.json's dict (minillm.analysis.compare.compare on the runs); ``stages``: the steps
+    between a two-stage round's stages, each run on its own sweep folders instead of the analysis."""
+    args = parse_args(doc, argv, stages)
+    for flag, (_, run) in (stages or {}).items():
+        if (sweeps := getattr(args, flag.lstrip("-").replace("-", "_"))) is not None:
+            return run(sweeps)
     out = args.out or folder
     runs = load(folder, args.sweeps, metrics, out)
     if args.collect:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -180,14 +179,19 @@ def plot(runs: Runs, out: Path) -> None:
     save(fig, out / "budgets.png")
 
 
+def write_lr_choice(sweeps: list[str]) -> None:
+    """The pilot's lr of each arm from its sweep folders, into lr_choice.json, and "<baseline lr> <nGPT lr>" on
+    stdout (what run.sh reads)."""
+    chosen = choose_lr(Runs(run.summary for folder in sweeps for run in find_runs(folder)))
+    LR_FILE.write_text(json.dumps(chosen, indent=1) + "\n")
+    print(chosen["baseline"]["lr"], chosen["ngpt"]["lr"])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--choose-lr"]:
-        chosen = choose_lr(Runs(run.summary for folder in args[1:] for run in find_runs(folder)))
-        LR_FILE.write_text(json.dumps(chosen, indent=1) + "\n")
-        print(chosen["baseline"]["lr"], chosen["ngpt"]["lr"])
-        return
-    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine)
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine,
+                  stages={"--choose-lr": ("the pilot's sweep folders: each arm's lr into lr_choice.json, and "
+                                          "'<baseline lr> <nGPT lr>' on stdout (run.sh's stage 2 reads it)",
+                                          write_lr_choice)})
 
 
 if __name__ == "__main__":

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -275,17 +274,22 @@ def plot(runs: Runs, out: Path) -> None:
     save(fig, out / "steps_to_target.png")
 
 
+def write_lr_choice(sweeps: list[str]) -> None:
+    """Each cell's pilot lr from the sweep folders, into lr_choice.json, and "baseline=<lr> 200=<lr> ... 400=<lr>" on
+    stdout (what run.sh reads); a chosen lr at its grid's edge stops with one line after both are written."""
+    chosen = choose_lr(Runs(run.summary for folder in sweeps for run in find_runs(folder)))
+    LR_FILE.write_text(json.dumps(chosen, indent=1) + "\n")
+    print(" ".join(f"{c}={chosen[c]['lr']:g}" for c in CELLS))
+    if edges := [f"{label(c)} {chosen[c]['lr']:g}" for c in CELLS if chosen[c]["edge"]]:
+        raise SystemExit(f"the pilot's lr lies at its grid's edge for {', '.join(edges)} ({LR_FILE.name}): "
+                         "widen that grid in a new pre-registration commit before any judged run")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--choose-lr"]:
-        chosen = choose_lr(Runs(run.summary for folder in args[1:] for run in find_runs(folder)))
-        LR_FILE.write_text(json.dumps(chosen, indent=1) + "\n")
-        print(" ".join(f"{c}={chosen[c]['lr']:g}" for c in CELLS))
-        if edges := [f"{label(c)} {chosen[c]['lr']:g}" for c in CELLS if chosen[c]["edge"]]:
-            raise SystemExit(f"the pilot's lr lies at its grid's edge for {', '.join(edges)} ({LR_FILE.name}): "
-                             "widen that grid in a new pre-registration commit before any judged run")
-        return
-    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine)
+    analysis_main(__doc__, HERE, lambda k: k == VAL_LOSS, analyze, plot, argv, engine=engine,
+                  stages={"--choose-lr": ("the pilot's sweep folders: each cell's lr into lr_choice.json, and "
+                                          "'baseline=<lr> 200=<lr> ... 400=<lr>' on stdout (run.sh's stage 2 reads "
+                                          "it); a chosen lr at its grid's edge stops it", write_lr_choice)})
 
 
 if __name__ == "__main__":

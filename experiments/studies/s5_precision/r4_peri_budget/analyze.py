@@ -185,9 +185,9 @@ def _verdict_table(verdicts: dict, how: str) -> str:
     return (f"### Verdicts (rules fixed before the runs; words from the 95% intervals; {how})\n\n{vt}\n")
 
 
-def print_stage2(sweep: str) -> None:
+def print_stage2(sweeps: list[str]) -> None:
     """The pilot's choice for run.sh: "pre=<lr> peri=<lr>" on stdout, or exit 3 with the gate's line."""
-    copied = load(Path(sweep), [sweep], metric, Path(sweep) / "pilot_copy")
+    copied = load(Path(sweeps[0]), sweeps, metric, Path(sweeps[0]) / "pilot_copy")
     runs = Runs(r for r in copied if TAG in (r.get("tags") or []))
     chosen, gate = pilot_choice(runs)
     if gate["status"] != "present":
@@ -197,10 +197,9 @@ def print_stage2(sweep: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--pilot"]:
-        return print_stage2(argv[1])
-    analysis_main(__doc__, HERE, metric, analyze, None, argv)
+    analysis_main(__doc__, HERE, metric, analyze, None, argv,
+                  stages={"--pilot": ("the pilot's sweep folder: 'pre=<lr> peri=<lr>' on stdout (run.sh's stage 2 "
+                                      "reads it), or exit 3 with the gate's line", print_stage2)})
 
 
 if __name__ == "__main__":

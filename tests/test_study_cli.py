@@ -1,0 +1,30 @@
+"""A study round's analysis CLI (experiments/common/study.py): the steps a two-stage round's run.sh takes between its
+stages are options of the CLI, listed in its --help, and run instead of the analysis."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from experiments.common.study import analysis_main
+
+STAGES = {"experiments.studies.s13_ngpt.r1_budgets.analyze": "--choose-lr",
+          "experiments.studies.s13_ngpt.r2_steps_to_target.analyze": "--choose-lr",
+          "experiments.studies.s5_precision.r4_peri_budget.analyze": "--pilot"}
+
+
+@pytest.mark.parametrize("module", STAGES)
+def test_a_two_stage_rounds_step_between_its_stages_is_in_its_help(module, capsys):
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(module).main(["--help"])
+    assert stop.value.code == 0
+    assert f"{STAGES[module]} SWEEP [SWEEP ...]" in capsys.readouterr().out
+
+
+def test_a_stage_runs_on_its_sweep_folders_instead_of_the_analysis(tmp_path):
+    seen = []
+    never = lambda *_: pytest.fail("the analysis ran")  # noqa: E731
+    analysis_main("doc", tmp_path, lambda _: True, never, never, ["--choose", "a", "b"],
+                  stages={"--choose": ("the pilot's lr", seen.append)})
+    assert seen == [["a", "b"]] and list(tmp_path.iterdir()) == []
