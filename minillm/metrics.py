@@ -53,7 +53,7 @@ def layer_metric(i: int, name: str) -> str:
 
 
 def norm_metric(site: str, name: str) -> str:
-    """``norm/<site>/<name>``: in_rms, in_max_fp16, outlier_ratio, kurtosis, gain_mean, gain_std, alpha,
+    """``norm/<site>/<name>``: in_rms, in_max_fp16, outlier_ratio, kurtosis, saturation, gain_mean, gain_std, alpha,
     bn_mean_dist, bn_var_dist, bn_mean_z, bn_var_z."""
     return f"norm/{site}/{name}"
 

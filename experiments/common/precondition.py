@@ -207,8 +207,9 @@ def count(holm: Mapping[str, Any], prefix: str) -> str:
 
 
 def tanh_saturation(model: Any, idx: Any) -> float:
-    """The fraction of the inputs of every DyT of ``model`` with |alpha x| >= 1 over one forward pass of the token
-    ids ``idx`` (B, T): tanh_saturation's quantity."""
+    """The fraction of the inputs of every DyT (and Derf) of ``model`` with |alpha x| >= 1 (Derf's: |alpha x + shift|,
+    the same at init) over one forward pass of the token ids ``idx`` (B, T): tanh_saturation's quantity, the
+    probe's norm/<site>/saturation (DyT.saturated) counted over every such site."""
     import torch
 
     from minillm.norms.token import DyT
@@ -216,9 +217,8 @@ def tanh_saturation(model: Any, idx: Any) -> float:
     counts = [0, 0]
 
     def hook(module: Any, args: tuple, _out: Any) -> None:
-        scaled = args[0].detach().float() * module.alpha.detach().float()
-        counts[0] += int((scaled.abs() >= 1.0).sum())
-        counts[1] += scaled.numel()
+        counts[0] += int(module.saturated(args[0]).sum())
+        counts[1] += args[0].numel()
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, DyT)]
     try:

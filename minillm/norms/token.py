@@ -178,6 +178,17 @@ class DyT(Implemented, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.run(x)
 
+    def pre_activation(self, x: Tensor) -> Tensor:
+        """alpha * x in fp32: what tanh squashes."""
+        return x.float() * self.alpha.float()
+
+    @torch.no_grad()
+    def saturated(self, x: Tensor) -> Tensor:
+        """Which elements of x sit in the squashing function's bend or beyond: |pre_activation| >= 1 (tanh(1) =
+        0.76, erf(1) = 0.84), a bool tensor of x's shape. None of them while the norm is a linear map of its input;
+        all of them where it acts as a sign function (the probe's norm/<site>/saturation is their fraction)."""
+        return self.pre_activation(x.detach()).abs() >= 1.0
+
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha0={self.alpha0}"
 
@@ -208,6 +219,10 @@ class Derf(DyT):
 
     def reference(self, x: Tensor) -> Tensor:
         return impl.derf(x, self.alpha, self.shift, self.weight, self.bias)
+
+    def pre_activation(self, x: Tensor) -> Tensor:
+        """alpha * x + shift in fp32: what erf squashes."""
+        return x.float() * self.alpha.float() + self.shift.float()
 
 
 @register("scalenorm")

@@ -229,3 +229,31 @@ def test_residual_stream_max_and_median_match_the_blocks_outputs():
         assert stats[f"layer/{i}/resid_median"] == pytest.approx(sum(medians) / 2, rel=1e-6)
         assert stats[f"layer/{i}/resid_max"] == pytest.approx(max(float(f[-1]) for f in flat), rel=1e-6)
     assert stats["layer/0/resid_max"] == pytest.approx(500.0) and stats["layer/0/resid_median"] < 5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("norm", ["dyt", "derf"])
+def test_probe_logs_the_fraction_of_a_pointwise_norms_input_in_its_bend(norm):
+    """norm/<site>/saturation: the fraction of the site's input with |alpha x (+ shift)| >= 1, counted by hand on the
+    input the site saw; RMSNorm's sites log none."""
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm=norm)).train()
+    site = model.get_submodule("layers.0.attn_norm")
+    site.alpha.fill_(60.0)  # the embeddings start at RMS 0.02: some of them past the bend
+    if norm == "derf":
+        site.shift.fill_(0.5)
+    seen = []
+    handle = site.register_forward_hook(lambda m, args, out: seen.append(args[0].clone()))
+    probe = ActivationProbe(model)
+    probe.attach()
+    model(torch.randint(0, 11, (2, 5)))
+    probe.detach()
+    handle.remove()
+    stats = probe.collect()
+    pre = 60.0 * seen[0] + (0.5 if norm == "derf" else 0.0)
+    expected = float((pre.abs() >= 1).float().mean())
+    assert 0 < expected < 1 and stats["norm/layers.0.attn_norm/saturation"] == pytest.approx(expected)
+    rms = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=2, n_heads=2, max_seq_len=8, norm="rmsnorm"))
+    probe = ActivationProbe(rms)
+    probe.attach()
+    rms(torch.randint(0, 11, (2, 5)))
+    assert not any(k.endswith("/saturation") for k in probe.collect())

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from minillm.metrics import LOG_Z_MAX, LOG_Z_MEAN, layer_metric, norm_metric
 from minillm.model import soft_cap
-from minillm.norms import NORMS, BatchNorm, NoNorm
+from minillm.norms import NORMS, BatchNorm, DyT, NoNorm
 
 FP16_MAX = 65504.0
 NORM_TYPES = tuple(cls for cls in NORMS.values() if cls is not NoNorm)
@@ -94,8 +94,9 @@ class ActivationProbe:
     """Forward hooks on a ``minillm.model.Transformer`` that record, for the forwards they see:
 
     per block the residual RMS, max |h| and median |h| of its output; per norm site the input RMS, max |x| / 65504, the
-    outlier ratio max |x| / RMS, the kurtosis of the per-feature RMS (``feature_kurtosis``) and (BatchNorm in
-    training mode) the batch-vs-running statistic distance; log Z of the model's output logits (after any soft-cap);
+    outlier ratio max |x| / RMS, the kurtosis of the per-feature RMS (``feature_kurtosis``), (DyT, Derf) the
+    fraction of the input in the squashing function's bend (``DyT.saturated``) and (BatchNorm in training mode) the
+    batch-vs-running statistic distance; log Z of the model's output logits (after any soft-cap);
     and, when attached with ``attention=True``, per layer the max attention logit and the attention entropy (min and
     mean over heads) on the first ``probe_batch`` sequences (computed again from the block's attention input with
     ``attn.qk``, no grad).
@@ -150,6 +151,8 @@ class ActivationProbe:
         self.values[norm_metric(name, "in_max_fp16")].append(top / FP16_MAX)
         self.values[norm_metric(name, "outlier_ratio")].append(top / rms.clamp_min(1e-30))
         self.values[norm_metric(name, "kurtosis")].append(feature_kurtosis(feature_ms))
+        if isinstance(module, DyT):  # and Derf: the fraction of the input in the squashing function's bend
+            self.values[norm_metric(name, "saturation")].append(module.saturated(x).float().mean())
         if isinstance(module, BatchNorm) and module.training:
             d_mu, d_var, z_mu, z_var = bn_stat_distance(module, x)
             self.values[norm_metric(name, "bn_mean_dist")].append(d_mu)
