@@ -48,7 +48,8 @@ Hypotheses (8 judged seeds, paired by seed, final val loss; each part's 95% t in
   each part whose interval lies wholly above +PARITY is "not at this scale" while every smaller budget was; every
   other part is "unresolved" (also one whose own interval alone would have given a word). Each direction is tested
   at the one-sided 2.5% of a 95% interval, so the family's chance of any false word is at most 5% (nominal: the t
-  interval of 8 seeds; a run at ln V widens it); F1, a question of its own, adds at most 2.5%. A part whose premise
+  interval of 8 seeds; a run at ln V widens it; test_rules.py simulates the hardest case, every gap
+  at the margin); F1, a question of its own, adds at most 2.5%. A part whose premise
   is absent reads "premise absent at this scale" and ends its sequence.
 The round's reading of the speed-up (from the R-B words, fixed now): at least 400/B for the smallest B whose R-B is
 confirmed; below 400/B' for the largest B' whose R-B reads "not at this scale"; a missing end is said ("no budget

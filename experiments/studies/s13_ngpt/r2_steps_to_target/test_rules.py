@@ -91,6 +91,37 @@ def test_s13_r2_f1_is_read_on_its_own_interval_against_its_threshold():
     assert words(r2.analyze(_runs({200: 0.3, 250: 0.3, 300: 0.3, 350: 0.3, 400: -0.03}))[0])["F1"] == "confirmed"
 
 
+def _false_word_rates(trials: int) -> tuple[float, float]:
+    """Every budget's true gap at +PARITY exactly, normal noise per run with the baseline's run shared by every gap
+    of its seed: the share of trials in which the R-B family gives any word ("confirmed" or "not at this scale"; at
+    the margin each is the limit of a false one), by the rule's fixed sequence and, for contrast, by each part's own
+    interval. The intervals are computed for all trials at once and checked against precondition.against on the
+    first ones."""
+    import numpy as np
+    from scipy import stats
+
+    from experiments.common import precondition as pre
+
+    rng, n, budgets = np.random.default_rng(0), len(r2.SEEDS), r2.BUDGETS[:-1]
+    gaps = r2.PARITY + 0.02 * (rng.normal(size=(trials, len(budgets), n)) - rng.normal(size=(trials, 1, n)))
+    half = stats.t.ppf(0.975, n - 1) * gaps.std(axis=2, ddof=1) / math.sqrt(n)
+    low, high = gaps.mean(axis=2) - half, gaps.mean(axis=2) + half
+    read = np.where(high <= r2.PARITY, "holds", np.where(low > r2.PARITY, "fails", "unresolved"))
+    for t in range(20):
+        assert [pre.against(g, r2.PARITY, "at most")["reading"] for g in gaps[t]] == list(read[t])
+    by_sequence = sum(any(w != "unresolved" for w in r2.sequence_words(dict(zip(budgets, row, strict=True))).values())
+                      for row in read)
+    return by_sequence / trials, float((read != "unresolved").any(axis=1).mean())
+
+
+def test_s13_r2_the_families_chance_of_a_false_word_is_at_most_5_percent_when_every_gap_sits_at_the_margin():
+    """The hardest case of the fixed-sequence rule: each direction's first part is a one-sided 2.5% test, so the
+    family's rate is about 5%; reading each part on its own interval would give a word far more often."""
+    by_sequence, by_part = _false_word_rates(20000)
+    assert 0.045 < by_sequence < 0.055, by_sequence  # 5% nominal; 20,000 trials: a standard error of 0.16%
+    assert by_part > 0.09, by_part
+
+
 def test_s13_r2_pairs_by_seed_so_noise_every_cell_of_a_seed_shares_cancels():
     res, md = r2.analyze(_runs({200: 0.20, 250: 0.10, 300: 0.03, 350: -0.02, 400: -0.05}, shared=0.05))
     assert max(res["val"]["baseline"].values()) - min(res["val"]["baseline"].values()) > 0.15
