@@ -302,6 +302,24 @@ def test_ctrl_c_in_a_sweep_prints_the_command_that_resumes_the_sweep(tmp_path, s
     assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 2
 
 
+def test_a_crashed_job_is_left_as_it_is_when_its_sweep_is_run_again(tmp_path, shared_cache, corpus):
+    """A job that crashed (status failed, no checkpoint) does not stop its sweep's rerun with ckpt_path=auto (it
+    stopped the whole rerun with "holds a run but no checkpoint"): it is left as it is, in one line that says how to
+    run it again, and the sweep's other jobs go on."""
+    args = small(corpus, "trainer.max_steps=3", "logger=csv", "test=false", "name=cr", "run_id=cr",
+                 "+callbacks.crash._target_=helpers.CrashAt", "+callbacks.crash.at_step=1,99")
+    sweep = [args[0], "-m", *args[1:]]
+    first = cli(sweep, tmp_path, shared_cache)
+    (folder,) = (tmp_path / "logs" / "cr" / "multiruns").iterdir()
+    before = summaries(folder)
+    assert [s["status"] for s in before] == ["failed", "completed"], first.output[-3000:]
+    again = ok(cli([*sweep, "ckpt_path=auto"], tmp_path, shared_cache))
+    assert again.count("ckpt_path=auto: this run crashed at step 1 (") == 1, again[-3000:]
+    assert f"left as it is (remove {folder / '0'} to run it again)" in again
+    assert again.count("ckpt_path=auto: this run has ended, nothing to resume") == 1
+    assert summaries(folder) == before
+
+
 @pytest.mark.parametrize("values, message", [
     (["seed=0,abc"], "config error: seed='abc' is invalid; allowed: an integer >= 0 and <= 4294967295 (in job #1 of "
                      "the sweep: seed=abc; no job has run)"),

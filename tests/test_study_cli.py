@@ -4,14 +4,16 @@ stages are options of the CLI, listed in its --help, and run instead of the anal
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
 from experiments.common.study import analysis_main
 
-STAGES = {"experiments.studies.s13_ngpt.r1_budgets.analyze": "--choose-lr",
-          "experiments.studies.s13_ngpt.r2_steps_to_target.analyze": "--choose-lr",
-          "experiments.studies.s5_precision.r4_peri_budget.analyze": "--pilot"}
+STAGES = {"experiments.studies.s13_ngpt.r1_budgets.analyze": ("--choose-lr",),
+          "experiments.studies.s13_ngpt.r2_steps_to_target.analyze": ("--choose-lr",),
+          "experiments.studies.s5_precision.r4_peri_budget.analyze": ("--pilot",),
+          "experiments.studies.s8_dyt.r5_recipe.analyze": ("--choose", "--print-sweeps")}
 
 
 @pytest.mark.parametrize("module", STAGES)
@@ -19,7 +21,8 @@ def test_a_two_stage_rounds_step_between_its_stages_is_in_its_help(module, capsy
     with pytest.raises(SystemExit) as stop:
         importlib.import_module(module).main(["--help"])
     assert stop.value.code == 0
-    assert f"{STAGES[module]} SWEEP [SWEEP ...]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert all(f"{flag} SWEEP [SWEEP ...]" in out for flag in STAGES[module])
 
 
 def test_a_stage_runs_on_its_sweep_folders_instead_of_the_analysis(tmp_path):
@@ -28,3 +31,10 @@ def test_a_stage_runs_on_its_sweep_folders_instead_of_the_analysis(tmp_path):
     analysis_main("doc", tmp_path, lambda _: True, never, never, ["--choose", "a", "b"],
                   stages={"--choose": ("the pilot's lr", seen.append)})
     assert seen == [["a", "b"]] and list(tmp_path.iterdir()) == []
+
+
+def test_a_stage_named_like_the_analysiss_own_argument_is_refused():
+    """A stage --sweeps would share its destination with the sweep folders: the stage would never run."""
+    with pytest.raises(ValueError, match="--sweeps would take the place of the analysis's own argument"):
+        analysis_main("doc", Path("."), lambda _: True, print, None, ["--sweeps", "pilot"],
+                      stages={"--sweeps": ("a stage's sweeps", print)})

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from experiments.common import precondition as pre
+from minillm.outcome import loss_for_comparison
 
 NOT_RUN = "pre-registered, not yet run"
 WORDS = {"holds": "confirmed", "fails": "not at this scale", "unresolved": "unresolved"}
@@ -76,6 +77,42 @@ def require(runs: Sequence[dict], what: str, present: Callable[[dict], bool]) ->
     if missing:
         raise SystemExit(f"{len(missing)} run(s) lack {what} (the pre-registration requires it before the run): "
                          + ", ".join(map(str, missing[:5])))
+
+
+def ended_loss(run: Mapping[str, Any]) -> float:
+    """The loss a two-stage round reads: a crashed run (status failed) at ln V, any other through
+    minillm.outcome.loss_for_comparison (a diverged one at ln V, a completed one at its final val loss)."""
+    return run["loss_init"] if run.get("status") == "failed" else loss_for_comparison(run)
+
+
+def run_name(run: Mapping[str, Any]) -> str:
+    return str(run.get("run_dir") or f"lr {run.get('lr'):g} seed {run.get('seed')}")
+
+
+def require_ended(runs: Iterable[Mapping[str, Any]]) -> None:
+    """Stop the analysis on a run that has not ended: stopped by a signal, or short of its budget without having
+    diverged or crashed (the round's run.sh again resumes one a signal stopped)."""
+    if open_ := [run_name(r) for r in runs if r.get("status") == "preempted"
+                 or (r.get("status") != "failed" and not r.get("diverged") and r.get("steps") != r["max_steps"])]:
+        raise SystemExit(f"{len(open_)} run(s) have not ended (stopped by a signal, or short of their budget): "
+                         f"{', '.join(open_[:5])}; run.sh again resumes a run a signal stopped (one killed without "
+                         "a checkpoint runs again once its folder is removed)")
+
+
+def require_once(runs: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], tuple],
+                 describe: Callable[[tuple], str]) -> None:
+    """Stop the analysis when two runs share ``key`` (one cell, lr and seed): the rules read one run each."""
+    keys = [key(r) for r in runs]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        raise SystemExit("more than one run of one cell, lr and seed: " + "; ".join(map(describe, twice[:5])))
+
+
+def interval_line(name: str, result: Mapping[str, Any], text: str, word_: str, level: str = "95%") -> str:
+    """A part read on its own interval (precondition.against) with the rule's word, in one line."""
+    low, high = result["ci_low"], result["ci_high"]
+    ci = "no interval" if low is None else f"{level} CI [{low:+.3f}, {high:+.3f}]"
+    return (f"{name}: {text}, seed mean {result['mean']:+.3f}, {ci} (its interval: {result['reading']} against "
+            f"{result['threshold']:+g}; the rule's word: {word_})")
 
 
 def verdict_line(name: str, result: Mapping[str, Any], text: str) -> tuple[str, str]:

@@ -54,6 +54,8 @@ def parse_args(doc: str, argv: Sequence[str] | None = None, stages: Mapping[str,
                    help="only save the sweep folders' runs.jsonl / curves.json in --out, no analysis: a part of a "
                         "round that runs in pieces, which a later analysis reads among its sweep folders")
     for flag, (text, _) in (stages or {}).items():
+        if flag.lstrip("-").replace("-", "_") in ("sweeps", "out", "collect"):
+            raise ValueError(f"stage {flag} would take the place of the analysis's own argument; name it otherwise")
         p.add_argument(flag, nargs="+", metavar="SWEEP", help=text)
     args = p.parse_args(argv)
     if args.collect and not (args.sweeps and args.out):

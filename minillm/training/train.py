@@ -23,7 +23,15 @@ from omegaconf import DictConfig
 from minillm import _compat, schema
 from minillm.errors import ConfigError, disk_error, parse_in_one_line
 from minillm.training.run import resolvers
-from minillm.training.run.closing import failed_line, has_ended, outcome_line, read_record, stopped_line
+from minillm.training.run.closing import (
+    crashed_for_good,
+    crashed_line,
+    failed_line,
+    has_ended,
+    outcome_line,
+    read_record,
+    stopped_line,
+)
 from minillm.training.run.folder import RunFolderLock, discard_start
 from minillm.training.run.hydra import config_dir, errors_in_one_line, route_library_logs
 from minillm.training.run.job import Job, fit, prepare, run, test, train  # noqa: F401  (minillm.training.train.<name>)
@@ -51,8 +59,8 @@ def stop(line: str, code: int = 2) -> None:
 def hydra_main(cfg: DictConfig) -> float | None:
     """One run (or one job of a sweep) in its folder, which it holds locked from start to end. A refused start
     leaves nothing: a fresh folder goes, and in a folder that holds a run only this start's Hydra files; so does a
-    start stopped by a signal before it trained. ``ckpt_path=auto`` on a run that has ended does nothing. The run
-    ends with a closing line (minillm.training.run.closing)."""
+    start stopped by a signal before it trained. ``ckpt_path=auto`` on a run that has ended does nothing, nor on one
+    that crashed and left no checkpoint. The run ends with a closing line (minillm.training.run.closing)."""
     route_library_logs()
     out_dir, subdir = Path(cfg.paths.output_dir), resolvers.hydra_subdir(str(cfg.paths.output_dir))
     record_name = "summary.json" if cfg.get("train", True) else EVALUATION_FILE
@@ -70,6 +78,10 @@ def hydra_main(cfg: DictConfig) -> float | None:
                 undo_start()
                 log.info(f"ckpt_path=auto: this run has ended, nothing to resume; {outcome_line(out_dir, record)}")
                 return record.get(schema.FINAL_VAL_LOSS)
+            if cfg.get("ckpt_path") == "auto" and cfg.get("train", True) and crashed_for_good(record, out_dir):
+                undo_start()
+                log.info(crashed_line(out_dir, record))
+                return None
             job = prepare(cfg)
         except Interrupted as stopped:
             undo_start()

@@ -48,6 +48,18 @@ def has_ended(record: dict[str, Any], max_steps: int, test: bool) -> bool:
     return record.get("status") in OUTCOMES and trained and (not test or record.get("test_weights") is not None)
 
 
+def crashed_for_good(record: dict[str, Any], folder: Path) -> bool:
+    """The run crashed (status failed) and left no checkpoint to resume from: ``ckpt_path=auto`` leaves it as it is
+    (its record is its result; removing its folder runs it again), so a rerun sweep goes on with its other jobs."""
+    return record.get("status") == "failed" and find_resume_checkpoint(folder) is None
+
+
+def crashed_line(folder: Path, record: dict[str, Any]) -> str:
+    where = f"at step {record.get('steps')}" if record.get("steps") is not None else "before its first step"
+    return (f"ckpt_path=auto: this run crashed {where} ({record.get('error') or 'no error recorded'}) and left no "
+            f"checkpoint; it is left as it is (remove {folder} to run it again)")
+
+
 def resume_hint(cfg: DictConfig, folder: Path) -> str:
     """The command that continues a stopped run: in a sweep, the sweep (each job in its own folder); else the run
     from its newest resumable checkpoint."""
@@ -55,7 +67,7 @@ def resume_hint(cfg: DictConfig, folder: Path) -> str:
         sweep = Path(HydraConfig.get().sweep.dir)
         extra = "ckpt_path=auto" if cfg.get("run_id") not in (None, "") else f"run_id={sweep.name} ckpt_path=auto"
         return (f"resume this sweep with the same command plus {extra} (each job continues in its folder; a job that "
-                "has ended is left as it is)")
+                "has ended, or crashed without a checkpoint, is left as it is)")
     ckpt = find_resume_checkpoint(folder)
     if ckpt is None:
         return "it has no checkpoint to resume from: run the same command again"

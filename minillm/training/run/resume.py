@@ -83,7 +83,7 @@ def resolve(cfg: DictConfig) -> Resume:
                  f"{'' if found else str(out_dir / 'checkpoints') + ', starting fresh'}")
         ckpt = str(found) if found else None
     if ckpt is None and training and (out_dir / "summary.json").exists():
-        if auto:  # a run without checkpoints (trainer.enable_checkpointing=false), or one that crashed first
+        if auto:  # a run stopped without a checkpoint (a crashed one never gets here: train.py leaves it as it is)
             raise ConfigError(f"ckpt_path=auto: the run directory {out_dir} holds a run (summary.json) but no "
                               "checkpoint to resume; give this run another run_id or name")
         raise ConfigError(f"the run directory {out_dir} already holds a run (summary.json); resume it with "

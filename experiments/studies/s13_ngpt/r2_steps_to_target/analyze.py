@@ -74,7 +74,6 @@ from experiments.common.study import Runs, analysis_main, mean, table
 from minillm.analysis.compare import compare
 from minillm.analysis.runs import find_runs
 from minillm.metrics import VAL_LOSS
-from minillm.outcome import loss_for_comparison
 
 HERE = Path(__file__).parent
 LR_FILE = HERE / "lr_choice.json"
@@ -107,22 +106,15 @@ def grid(cell: str) -> tuple[float, ...]:
     return BASE_LRS if cell == "baseline" else NGPT_LRS
 
 
-def run_loss(run: dict) -> float:
-    """The loss the rules read: a crashed run (status failed) at ln V, any other through loss_for_comparison (a
-    diverged one at ln V, a completed one at its final val loss)."""
-    return run["loss_init"] if run.get("status") == "failed" else loss_for_comparison(run)
+run_loss = prereg.ended_loss  # a crashed run at ln V, a diverged one too, a completed one at its final val loss
 
 
 def _checked(runs: Runs) -> Runs:
     """This round's runs (TAG), each one that ended (not stopped by a signal, its budget trained unless it diverged
     or crashed), in its arm's settings, at a cell and seed of this round, at most one per cell, lr and seed."""
     runs = Runs(r for r in runs if TAG in (r.get("tags") or []))
-    name = lambda r: r.get("run_dir") or f"{cell_of(r)} lr {r['lr']:g} seed {r['seed']}"  # noqa: E731
-    if open_ := [name(r) for r in runs if r.get("status") == "preempted"
-                 or (r.get("status") != "failed" and not r.get("diverged") and r.get("steps") != r["max_steps"])]:
-        raise SystemExit(f"{len(open_)} run(s) have not ended (stopped by a signal, or short of their budget): "
-                         f"{', '.join(open_[:5])}; run.sh again resumes a run a signal stopped (one killed without "
-                         "a checkpoint runs again once its folder is removed)")
+    name = prereg.run_name
+    prereg.require_ended(runs)
     if off := [r for r in runs if cell_of(r) == "baseline" and r["max_steps"] != STEPS]:
         raise SystemExit(f"{len(off)} baseline run(s) not at {STEPS} steps")
     if other := sorted({cell_of(r) for r in runs} - set(CELLS)):
@@ -136,10 +128,8 @@ def _checked(runs: Runs) -> Runs:
         raise SystemExit(f"pilot run(s) at an lr off their cell's grid: {', '.join(off_grid[:5])}")
     if seeds := sorted({r["seed"] for r in runs} - {*PILOT_SEEDS, *SEEDS}):
         raise SystemExit(f"runs at seeds this round does not have: {seeds}")
-    keys = [(cell_of(r), round(math.log10(r["lr"]), 6), r["seed"]) for r in runs]
-    if twice := sorted({k for k in keys if keys.count(k) > 1}):
-        raise SystemExit("more than one run of one cell, lr and seed: "
-                         + "; ".join(f"{c} lr {10 ** lg:g} seed {s}" for c, lg, s in twice[:5]))
+    prereg.require_once(runs, lambda r: (cell_of(r), round(math.log10(r["lr"]), 6), r["seed"]),
+                        lambda k: f"{k[0]} lr {10 ** k[1]:g} seed {k[2]}")
     return runs
 
 
@@ -190,12 +180,6 @@ def speed_up(words: dict[int, str]) -> str:
     return f"{low}; {high}"
 
 
-def _line(name: str, r: dict, text: str, word: str) -> str:
-    ci = "no interval" if r["ci_low"] is None else f"95% CI [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
-    return (f"{name}: {text}, seed mean {r['mean']:+.3f}, {ci} (its interval: {r['reading']} against "
-            f"{r['threshold']:+g}; the rule's word: {word})")
-
-
 def analyze(runs: Runs) -> tuple[dict, str]:
     runs = _checked(runs)
     chosen = choose_lr(runs)
@@ -216,8 +200,8 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     words = sequence_words({b: each[f"R-{b}"]["reading"] if tuned[b] else None for b in BUDGETS[:-1]})
     words = {f"R-{b}": w for b, w in words.items()}
     words["F1"] = pre.gate(prereg.word(each["F1"]), gates["baseline"], gates[str(STEPS)])
-    verdicts = {k: (w, _line(k, each[k], f"nGPT at {STEPS if k == 'F1' else k[2:]} steps - baseline at {STEPS}", w))
-                for k, w in words.items()}
+    text = lambda k: f"nGPT at {STEPS if k == 'F1' else k[2:]} steps - baseline at {STEPS}"  # noqa: E731
+    verdicts = {k: (w, prereg.interval_line(k, each[k], text(k), w)) for k, w in words.items()}
     reading = speed_up({int(k[2:]): w for k, w in words.items() if k.startswith("R-")})
     lrs = sorted({*BASE_LRS, *NGPT_LRS})
     pilot = table(["cell", *(f"lr {lr:g}" for lr in lrs), "chosen"],

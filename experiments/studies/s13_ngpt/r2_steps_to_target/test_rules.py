@@ -95,16 +95,17 @@ def _false_word_rates(trials: int) -> tuple[float, float]:
     """Every budget's true gap at +PARITY exactly, normal noise per run with the baseline's run shared by every gap
     of its seed: the share of trials in which the R-B family gives any word ("confirmed" or "not at this scale"; at
     the margin each is the limit of a false one), by the rule's fixed sequence and, for contrast, by each part's own
-    interval. The intervals are computed for all trials at once and checked against precondition.against on the
-    first ones."""
+    interval. The intervals are computed for all trials at once, with the engine's t quantile (read off one interval it
+    gives), and checked against precondition.against on the first trials."""
     import numpy as np
-    from scipy import stats
 
     from experiments.common import precondition as pre
 
     rng, n, budgets = np.random.default_rng(0), len(r2.SEEDS), r2.BUDGETS[:-1]
     gaps = r2.PARITY + 0.02 * (rng.normal(size=(trials, len(budgets), n)) - rng.normal(size=(trials, 1, n)))
-    half = stats.t.ppf(0.975, n - 1) * gaps.std(axis=2, ddof=1) / math.sqrt(n)
+    unit = [-1.0, 1.0] * (n // 2)  # mean 0, sd sqrt(n / (n - 1)): the engine's interval's half-width per standard error
+    quantile = pre.against(unit, 0.0, "at most")["ci_high"] / (math.sqrt(n / (n - 1)) / math.sqrt(n))
+    half = quantile * gaps.std(axis=2, ddof=1) / math.sqrt(n)
     low, high = gaps.mean(axis=2) - half, gaps.mean(axis=2) + half
     read = np.where(high <= r2.PARITY, "holds", np.where(low > r2.PARITY, "fails", "unresolved"))
     for t in range(20):
