@@ -56,8 +56,9 @@ def crashed_for_good(record: dict[str, Any], folder: Path) -> bool:
 
 def crashed_line(folder: Path, record: dict[str, Any]) -> str:
     where = f"at step {record.get('steps')}" if record.get("steps") is not None else "before its first step"
-    return (f"ckpt_path=auto: this run crashed {where} ({record.get('error') or 'no error recorded'}) and left no "
-            f"checkpoint; it is left as it is (remove {folder} to run it again)")
+    error = " ".join(str(record.get("error") or "no error recorded").split())  # one line
+    return (f"ckpt_path=auto: this run crashed {where} ({error[:200]}) and left no checkpoint; it is left as it is "
+            f"(remove {folder} to run it again)")
 
 
 def resume_hint(cfg: DictConfig, folder: Path) -> str:
