@@ -45,10 +45,11 @@ MOVES = 0.1  # decades of lr per doubling of width (a factor 1.26)
 SAME = 0.1  # decades per doubling
 
 
-def best_log_lr(losses: Sequence[float]) -> tuple[float, bool]:
+def best_log_lr(losses: Sequence[float], lrs: Sequence[float] | None = None) -> tuple[float, bool]:
     """(log10 of the best lr, bracketed): the vertex of the parabola through the best grid point and its two
-    neighbours on log10(lr); a grid edge, unbracketed, when the best point is one."""
-    xs = [math.log10(lr) for lr in LRS]
+    neighbours on log10(lr) (the grid ``lrs``, default this round's LRS); a grid edge, unbracketed, when the best
+    point is one."""
+    xs = [math.log10(lr) for lr in (LRS if lrs is None else lrs)]
     i = min(range(len(losses)), key=lambda k: losses[k])
     if i in (0, len(losses) - 1):
         return xs[i], False
