@@ -25,7 +25,7 @@ side by side, ~11, 16, 38 and 104 s at widths 32, 64, 128 and 256, times round 2
 1.8 at the small widths): ~1,700 CPU s per seed, ~3 h for 12 seeds with two processes, three pieces of 4 seeds.
 
 Measures, per width and seed: the best lr lr* (S3 round 4's parabola vertex through the grid's best point and its
-neighbours on log10(lr), a diverged run at ln V; an edge when the best point is one); per seed the slope of
+neighbours on log10(lr), a diverged or crashed run at ln V; an edge when the best point is one); per seed the slope of
 log10(lr*) against log2(width) over WIDTHS (decades per doubling).
 Preconditions (the gates):
   R (the reuse; T1): muP at its base width is the standard model, so each muP run at width 32, lr 1e-2 (the one lr
@@ -66,7 +66,6 @@ from experiments.studies.s3_lr_sensitivity.r4_width_transfer import analyze as r
 from experiments.studies.s3_lr_sensitivity.r5_width_low_lr import analyze as s3
 from experiments.studies.s12_mup_transfer.r2_transfer_400 import analyze as r2
 from minillm.analysis.report import lr_sensitivity
-from minillm.outcome import loss_for_comparison
 
 HERE = Path(__file__).parent
 # --- fixed before the runs ---------------------------------------------------------------------------------
@@ -91,8 +90,8 @@ def standard_runs() -> Runs:
 
 
 def cell(runs: Runs, width: int, seed: int, lrs: Sequence[float]) -> dict[float, float] | None:
-    """lr -> final val loss (diverged: ln V) of one (width, seed), None unless every lr of ``lrs`` ran."""
-    losses = {lr: loss_for_comparison(r) for r in runs for lr in lrs
+    """lr -> final val loss (diverged or crashed: ln V) of one (width, seed), None unless every lr of ``lrs`` ran."""
+    losses = {lr: prereg.ended_loss(r) for r in runs for lr in lrs
               if r["dim"] == width and r["seed"] == seed and math.isclose(r["lr"], lr)}
     return losses if len(losses) == len(lrs) else None
 

@@ -82,6 +82,14 @@ def test_s12_r3_a_cell_at_the_grids_edge_keeps_t1_from_confirmed():
     assert words == {"T1": "unresolved"}, md
 
 
+def test_s12_r3_a_crashed_run_counts_at_ln_v_not_at_its_last_validation():
+    mup = Runs(parabolas("mup", 0.0, s12.SEEDS))
+    r = next(r for r in mup if r["dim"] == 128 and r["seed"] == 4 and r["lr"] == 1e-2)
+    r.update(status="failed", steps=120, final_val_loss=1.5)  # crashed after a validation better than any
+    _, res, md = judge(0.0, mup=mup)
+    assert s12.cell(mup, 128, 4, s12.LRS)[1e-2] == 4.48 and res["best_log10_lr"]["128/4"] != -2.0, md
+
+
 def test_s12_r3_runs_it_cannot_read_stop_the_analysis():
     def stops(change, match: str) -> None:
         mup = Runs(parabolas("mup", 0.0, s12.SEEDS))
