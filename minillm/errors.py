@@ -42,6 +42,11 @@ class CheckpointError(ConfigError):
     """A checkpoint file that cannot be read, or does not match the run that tries to resume from it."""
 
 
+class JobStopped(Exception):
+    """A sweep job's own one-line stop (a config or disk error it met), already logged: raised instead of SystemExit,
+    so that Hydra records it as that job's failure and runs the sweep's other jobs, which then exits with code 2."""
+
+
 def invalid(field: str, value: Any, allowed: str) -> ConfigError:
     """The one message format: ``<field>=<value> is invalid; allowed: <what is allowed>``."""
     shown = "null" if value is None else repr(value)  # as an override writes it (model.x=null)

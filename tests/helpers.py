@@ -5,6 +5,7 @@ and short runs the tests inject (a signal at a step, a poisoned gradient, a cras
 from __future__ import annotations
 
 import csv
+import errno
 import os
 import random
 import time
@@ -403,6 +404,17 @@ class CrashAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.at_step:
             raise RuntimeError("simulated crash")
+
+
+class FullDiskAt(L.Callback):
+    """Raises a full disk's write error (ENOSPC, no file named) at the start of step ``at_step``."""
+
+    def __init__(self, at_step: int):
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 class LrJump(L.Callback):

@@ -320,6 +320,22 @@ def test_a_crashed_job_is_left_as_it_is_when_its_sweep_is_run_again(tmp_path, sh
     assert summaries(folder) == before
 
 
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_job_stopped_by_a_full_disk_does_not_stop_its_sweep(launcher, tmp_path, shared_cache, corpus):
+    """A job that ends in one line of its own (a full disk while it trains) fails as a job: the sweep's other jobs
+    run, and the sweep ends with exit code 2 (the job's SystemExit ended the whole sweep, under joblib its other
+    jobs too)."""
+    args = small(corpus, "trainer.max_steps=3", "logger=csv", "test=false", "name=fd", "run_id=fd",
+                 "+callbacks.full._target_=helpers.FullDiskAt", "+callbacks.full.at_step=1,99",
+                 f"hydra/launcher={launcher}", *(["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []))
+    out = cli([args[0], "-m", *args[1:]], tmp_path, shared_cache)
+    assert out.returncode == 2, out.output[-3000:]
+    (folder,) = (tmp_path / "logs" / "fd" / "multiruns").iterdir()
+    assert "disk error: cannot write in " in error_line(out.output)
+    assert (folder / "1" / "summary.json").exists(), out.output[-3000:]
+    assert json.loads((folder / "1" / "summary.json").read_text())["status"] == "completed"
+
+
 @pytest.mark.parametrize("values, message", [
     (["seed=0,abc"], "config error: seed='abc' is invalid; allowed: an integer >= 0 and <= 4294967295 (in job #1 of "
                      "the sweep: seed=abc; no job has run)"),

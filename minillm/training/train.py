@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from minillm import _compat, schema
-from minillm.errors import ConfigError, disk_error, parse_in_one_line
+from minillm.errors import ConfigError, JobStopped, disk_error, parse_in_one_line
 from minillm.training.run import resolvers
 from minillm.training.run.closing import (
     crashed_for_good,
@@ -35,6 +35,7 @@ from minillm.training.run.closing import (
 from minillm.training.run.folder import RunFolderLock, discard_start
 from minillm.training.run.hydra import config_dir, errors_in_one_line, route_library_logs
 from minillm.training.run.job import Job, fit, prepare, run, test, train  # noqa: F401  (minillm.training.train.<name>)
+from minillm.training.run.naming import in_multirun
 from minillm.training.run.resume import EVALUATION_FILE
 from minillm.training.run.signals import Interrupted, StopSignals, signal_of
 
@@ -51,7 +52,11 @@ def quiet_run_log() -> None:
 
 
 def stop(line: str, code: int = 2) -> None:
+    """Log the line and exit with ``code``; in a sweep, a job's own error (code 2) fails that job alone: Hydra runs
+    the other jobs past an exception, while a SystemExit would end the sweep (under joblib, its running jobs too)."""
     log.error(line)
+    if code == 2 and in_multirun():
+        raise JobStopped(line)
     sys.exit(code)
 
 

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
 
 from minillm import paths
-from minillm.errors import ConfigError, causes, disk_error
+from minillm.errors import ConfigError, JobStopped, causes, disk_error
 from minillm.training.run import resolvers
 
 
@@ -118,11 +118,14 @@ def route_library_logs() -> None:
 @contextmanager
 def errors_in_one_line() -> Iterator[None]:
     """Around a Hydra entry point: Hydra raises its errors instead of printing its report and exiting 1
-    (HYDRA_FULL_ERROR), and each one that is about the config or the disk becomes one line on stderr, exit 2."""
+    (HYDRA_FULL_ERROR), and each one that is about the config or the disk becomes one line on stderr, exit 2; so does
+    a sweep whose job stopped in a line of its own (JobStopped), once its other jobs have run."""
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         yield
+    except JobStopped:  # its line is logged, and Hydra's "Error executing job with overrides: ..." names the job
+        sys.exit(2)
     except Exception as err:
         line = one_line(err) or disk_error(err)
         if line is None:
