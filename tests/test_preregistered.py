@@ -11,7 +11,7 @@ import pytest
 from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 
-PREREGISTERED: tuple[str, ...] = ("s7_depth/r6_scalars_budget", "s8_dyt/r5_recipe", "s12_mup_transfer/r3_fine_grid",
+PREREGISTERED: tuple[str, ...] = ("s8_dyt/r5_recipe", "s12_mup_transfer/r3_fine_grid",
                                   "s13_ngpt/r2_steps_to_target")
 
 

@@ -273,6 +273,22 @@ def _s7_r5(folder: Path) -> Numbers:
     return _rates({arm: tuple(kn) for arm, kn in _results(folder)["failed"].items()})
 
 
+def _s7_r6(folder: Path) -> Numbers:
+    """Round 5's rates, per arm and lr; the mean final val loss of each cell's runs that trained (results.md's table
+    writes it as text); each scalar at lr 1e-2 against DeepNorm at 3e-3 on the same seeds, with
+    minillm.analysis.stats' paired t interval (across lrs, chosen after the data: reported, not tested)."""
+    from experiments.common.study import paired
+
+    trained = _results(folder)["trained_loss"]
+    out = {**_s7_r5(folder), **{f"mean final val loss of the runs that trained, {cell}": [statistics.fmean(v.values())]
+                                for cell, v in trained.items() if v}}
+    for scalar in ("rezero", "layerscale"):
+        res = paired(trained[f"post+{scalar}@0.01"], trained["deepnorm@0.003"])
+        out[f"post+{scalar} at lr 1e-2 - deepnorm at 3e-3, same seeds, mean and 95% CI"] = [
+            res["diff"], res["ci_low"], res["ci_high"]]
+    return out
+
+
 def _s8_r4(folder: Path) -> Numbers:
     """The embedding scale's start, sqrt(width), on unit-scale (Xavier) embeddings: their RMS at init."""
     return {"embedding RMS at init with the embedding scale": sorted({math.sqrt(r["dim"]) for r in _runs(folder)})}
@@ -332,6 +348,7 @@ REANALYSES: dict[str, Callable[[Path], Numbers]] = {
     "s3_lr_sensitivity/r6_qk_width": _s3_r6, "s3_lr_sensitivity/r7_qk_forms": _s3_r7,
     "s4_batchnorm/r3_powernorm_nogroup": _s4_r3, "s4_batchnorm/r4_powernorm_paper": _s4_r4,
     "s5_precision/r3_peri_recipe": _s5_r3, "s7_depth/r3_warmup": _s7_r3, "s7_depth/r5_residual_scalars": _s7_r5,
+    "s7_depth/r6_scalars_budget": _s7_r6,
     "s8_dyt/r4_derf": _s8_r4,
     "s9_scalenorm/r1_grid": _s9_r1, "s11_gain_decay/r3_dyt_trained": _s11_r3, "s12_mup_transfer/r1_transfer": _s12_r1,
     "s13_ngpt/r1_budgets": _s13_r1}

@@ -41,6 +41,7 @@ from pathlib import Path
 from experiments.common import precondition as pre
 from experiments.common import prereg
 from experiments.common.machine import runs_commits, runs_machine
+from experiments.common.plots import paired_differences, pyplot, save, seed_lines
 from experiments.common.study import Runs, analysis_main, mean, rate_ci, table
 from experiments.studies.s7_depth.r5_residual_scalars.analyze import STALL_MARGIN, SUFFICES, scalar_of
 from minillm.metrics import TRAIN_LOSS
@@ -112,8 +113,27 @@ def analyze(runs: Runs) -> tuple[dict, str]:
             "precondition": list(gates.values()), "holm": parts}, md
 
 
+def plot(runs: Runs, out: Path) -> None:
+    """scalars_budget.png (drawn after the data; it decides nothing): per lr, each seed's final val loss per arm
+    among the runs that trained (the failed counted in the title), and the per-seed differences the C parts read."""
+    res, _ = analyze(runs)
+    plt = pyplot()
+    fig, axes = plt.subplots(len(LRS), 2, figsize=(14, 4 * len(LRS)), gridspec_kw={"width_ratios": [3, 2]})
+    for (left, right), lr in zip(axes, LRS, strict=True):
+        value: dict[int, dict[str, float]] = {}
+        for arm in ARMS:
+            for seed, loss in res["trained_loss"][f"{arm}@{lr:g}"].items():
+                value.setdefault(seed, {})[arm] = loss
+        failed_of_arm = ", ".join(f"{a} {k}/{n}" for a in ARMS for k, n in [res["failed"][f"{a}@{lr:g}"]])
+        seed_lines(left, value, ARMS, "final val loss (runs that trained)", f"lr {lr:g}; failed: {failed_of_arm}")
+        left.title.set_fontsize(8)
+        paired_differences(right, value, [(f"post+{s}", "deepnorm", MARGIN, f"C-{s}") for s in SCALARS])
+    fig.suptitle(f"L = {DEPTH}, {STEPS} steps: Post-LN without and with a scalar, and DeepNorm", fontsize=10)
+    save(fig, out / "scalars_budget.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    analysis_main(__doc__, HERE, lambda k: k == TRAIN_LOSS, analyze, None, argv)
+    analysis_main(__doc__, HERE, lambda k: k == TRAIN_LOSS, analyze, plot, argv)
 
 
 if __name__ == "__main__":
