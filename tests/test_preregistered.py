@@ -11,8 +11,7 @@ import pytest
 from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 
-PREREGISTERED: tuple[str, ...] = ("s8_dyt/r5_recipe", "s12_mup_transfer/r3_fine_grid",
-                                  "s13_ngpt/r2_steps_to_target")
+PREREGISTERED: tuple[str, ...] = ("s8_dyt/r5_recipe", "s12_mup_transfer/r3_fine_grid")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():
