@@ -274,8 +274,8 @@ def _s7_r5(folder: Path) -> Numbers:
 
 
 def _s7_r6(folder: Path) -> Numbers:
-    """Round 5's rates, per arm and lr; the mean final val loss of each cell's runs that trained (results.md's table
-    writes it as text); each scalar at lr 1e-2 against DeepNorm at 3e-3 on the same seeds, with
+    """Each arm's failures per lr, as for round 5; the mean final val loss of each cell's runs that trained
+    (results.md's table writes it as text); each scalar at lr 1e-2 against DeepNorm at 3e-3 on the same seeds, with
     minillm.analysis.stats' paired t interval (across lrs, chosen after the data: reported, not tested)."""
     from experiments.common.study import paired
 
