@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, logged, read_rows, write_corpus
+from helpers import ROOT, logged, read_rows, read_wandb_run, write_corpus
 from processes import cli, cli_all, finish, ok, start, summaries
 
 from minillm.training.callbacks.common import Observer
@@ -325,7 +325,7 @@ def test_a_job_stopped_by_a_full_disk_does_not_stop_its_sweep(launcher, tmp_path
     """A job that ends in one line of its own (a full disk while it trains) fails as a job: the sweep's other jobs
     run, and the sweep ends with exit code 2 (the job's SystemExit ended the whole sweep, under joblib its other
     jobs too)."""
-    args = small(corpus, "trainer.max_steps=3", "logger=csv", "test=false", "name=fd", "run_id=fd",
+    args = small(corpus, "trainer.max_steps=3", "test=false", "name=fd", "run_id=fd",
                  "+callbacks.full._target_=helpers.FullDiskAt", "+callbacks.full.at_step=1,99",
                  f"hydra/launcher={launcher}", *(["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []))
     out = cli([args[0], "-m", *args[1:]], tmp_path, shared_cache)
@@ -334,6 +334,8 @@ def test_a_job_stopped_by_a_full_disk_does_not_stop_its_sweep(launcher, tmp_path
     assert "disk error: cannot write in " in error_line(out.output)
     assert (folder / "1" / "summary.json").exists(), out.output[-3000:]
     assert json.loads((folder / "1" / "summary.json").read_text())["status"] == "completed"
+    (wandb_run,) = (folder / "1" / "wandb").glob("offline-run-*")  # W&B on, as by default: the job's run ends whole
+    assert read_wandb_run(wandb_run)["summary"]["status"] == "completed"
 
 
 @pytest.mark.parametrize("values, message", [
