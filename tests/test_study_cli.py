@@ -13,7 +13,8 @@ from experiments.common.study import analysis_main
 STAGES = {"experiments.studies.s13_ngpt.r1_budgets.analyze": ("--choose-lr",),
           "experiments.studies.s13_ngpt.r2_steps_to_target.analyze": ("--choose-lr",),
           "experiments.studies.s5_precision.r4_peri_budget.analyze": ("--pilot",),
-          "experiments.studies.s8_dyt.r5_recipe.analyze": ("--choose", "--print-sweeps")}
+          "experiments.studies.s8_dyt.r5_recipe.analyze": ("--choose", "--print-sweeps"),
+          "experiments.studies.s7_depth.r7_own_lr.analyze": ("--choose", "--print-sweeps")}
 
 
 @pytest.mark.parametrize("module", STAGES)
