@@ -12,52 +12,60 @@ Arms (ARMS, checked on every run): post+rezero and post+layerscale (placement=po
 default inits: ReZero 0, LayerScale 1e-6 at this depth) and deepnorm (placement=deepnorm, no scalar), the reference.
 Post-LN without a scalar is not an arm: round 6 saw it fail in all 10 runs at lr 1e-2, and no part compares with it.
 
-Stage 1, the pilot (seeds PILOT_SEEDS): every arm at every lr of LRS (factor 2, one grid for every arm, round 6's two
-lrs inside it, reaching 4.8e-2 because the scalars ended lower at 1e-2 than at 3e-3): 36 runs. Each arm's lr is the
-grid point of lowest mean outcome (below) over the pilot seeds, ties to the lower lr, so a failed run enters the
-choice at ln V and the pilot cannot prefer an lr where runs fail. A stalled run enters at ln V too: its final val loss
-sits near the unigram loss, below ln V, where prereg.ended_loss alone would take it as it ended. The choice is written
-to choice.json (`--choose SWEEP...`; `--print-sweeps judged` then prints the judged sweeps). run.sh stops with one
-line before any judged run when a chosen lr lies at its grid's edge (the lowest or highest of LRS); the grid is then
-widened in a new pre-registration commit while the judged seeds are unrun.
+Stage 1, the pilot (seeds PILOT_SEEDS): every arm at every lr of LRS (factor 2, one grid for every arm: round 6's lr
+3e-3 on it, its 1e-2 between 6e-3 and 1.2e-2, and room up to 4.8e-2, as the scalars ended lower at 1e-2 than at 3e-3):
+36 runs. Each arm's lr is, among its eligible lrs, the one of lowest mean outcome (below) over the pilot seeds, ties
+to the lower lr. An lr is eligible when no pilot run of the arm failed at it or at the next lr up: the lowest mean
+over two seeds sits at the edge of stability, where a run that trained in the pilot may fail in the judged seeds
+(round 6's DeepNorm failed 5 of 10 runs at 1e-2, after first training), so the choice keeps one grid step below any
+failure. A failed or stalled run also enters its lr's mean at ln V (a stalled run's final val loss sits near the
+unigram loss, below ln V, where prereg.ended_loss alone would take it as it ended). An arm with no eligible lr gets
+the grid's lowest, an edge. The choice is written to choice.json (`--choose SWEEP...`; `--print-sweeps judged` then
+prints the judged sweeps). run.sh stops with one line before any judged run when a chosen lr lies at its grid's edge
+(the lowest or highest of LRS); the grid is then widened in a new pre-registration commit while the judged seeds are
+unrun.
 Stage 2, the judged runs (seeds SEEDS, disjoint from the pilot's and from rounds 1-6's seeds 0-39): each arm at its
 chosen lr, one run per arm and seed: 24 runs, paired by seed (a seed fixes the data order of every arm).
 
     bash experiments/studies/s7_depth/r7_own_lr/run.sh pilot     # 36 runs, then each arm's lr (choice.json)
     bash experiments/studies/s7_depth/r7_own_lr/run.sh judged    # 24 runs at the chosen lrs, then the analysis
 
-Compute estimate, from round 6 (about 7 min a run of 900 steps, two compiled processes of one thread side by side on
-the 2-core VM): ~2.1 h for the pilot, ~1.4 h for the judged runs, ~3.5 h in all (runs that trip the divergence
-guard end early). Each stage runs on its own, from the same commit. Each run has its own folder, named by its lr and
-seed, and a checkpoint when a signal stops it, so the same command again resumes the stage.
+Compute estimate, from round 6's runs (8.5 min a run of 900 steps on average, 6.2-15.8, two compiled processes of one
+thread side by side on the 2-core VM): ~2.6 h for the pilot, ~1.7 h for the judged runs, ~4.3 h in all (runs that trip
+the divergence guard end early). Each stage runs on its own, from the same commit. Each run has its own folder, named
+by its lr and seed, and a checkpoint when a signal stops it, so the same command again resumes the stage.
 
-The pilot's outcome, per run (``outcome``): a failed run at ln V (its loss_init, the loss of a uniform prediction,
-as minillm.outcome.loss_for_comparison counts a diverged run), otherwise its final val loss. "Failed" is round 6's
-rule: diverged, crashed, not trained, or stalled (final val loss within STALL_MARGIN nats of the unigram loss or
-above it: S7's rule, minillm.outcome.is_stalled). The judged runs are read as rounds 5 and 6 read them: the parts
-compare the final val loss on the seed pairs where both arms trained, and the failures are counted apart (a single
-failure at ln V would make a paired gap of about -2.7 nats, and with it an interval about a nat wide on 8 seeds,
-whichever arm failed). Every run is required: a missing run, one that has not ended
-(stopped by a signal, or short of its budget without diverging; run.sh again resumes it), duplicate runs of one
-arm, lr and seed, pilot runs off the grid, judged runs off their arm's chosen lr, runs at other seeds and runs not in
-their arm's settings (SETTINGS, placement and scalar) stop the analysis with one line.
+The pilot's outcome, per run (``outcome``): a failed run at ln V (its loss_init, the loss of a uniform prediction, as
+minillm.outcome.loss_for_comparison counts a diverged run; a failed run without it stops the choice), otherwise its
+final val loss. "Failed" is round 6's rule: diverged, crashed, not trained, or stalled (final val loss within
+STALL_MARGIN nats of the unigram loss or above it: S7's rule, minillm.outcome.is_stalled). The judged runs are read as
+rounds 5 and 6 read them: the parts compare the final val loss on the seed pairs where both arms trained, and each
+arm's failures are counted and gated apart (a single failure at ln V would make a paired gap of about 2.7 nats, below
+zero when DeepNorm failed and above when the scalar did, and with it an interval about a nat wide on 8 seeds). Every
+run is required: a missing run, one that has not ended (stopped by a signal, or short of its budget without diverging;
+run.sh again resumes it), duplicate runs of one arm, lr and seed, pilot runs off the grid, judged runs off their arm's
+chosen lr, runs at other seeds and runs not in their arm's settings (SETTINGS, placement and scalar) stop the analysis
+with one line.
 
 Premises (each part's; an absent one makes the part "premise absent at this scale"):
   tuned: both arms the part compares have their chosen lr inside the grid, not at its edge (run.sh stops before
     such judged runs; the analysis reads the premise all the same).
-  the reference trains: DeepNorm at its chosen lr fails in at most SUFFICES of its 8 judged runs (round 4's
-    "suffices"). Absent: both parts.
-Hypotheses (the judged seeds where both arms trained, paired by seed, the final val loss; fewer than MIN_PAIRS such
-pairs: "unresolved"; otherwise each part's word from its own two-sided 1 - ALPHA / 2 t
-interval (97.5%), Bonferroni over the two: "confirmed" when the interval lies at or below +MARGIN, "not at this scale"
-when wholly above it, "unresolved" when it crosses it. With both gaps at the margin the family gives any word with a
-chance of at most ALPHA; a false word, which only one side can give for a true gap, at most ALPHA / 2):
+  the reference trains: DeepNorm at its chosen lr fails in at most SUFFICES of its 8 judged runs (round 4's rule of
+    at most 1 of 10, here 1 of 8). Absent: both parts.
+Hypotheses (the judged seeds where both arms trained, paired by seed, the final val loss). A scalar arm that fails
+in more than SUFFICES of its 8 judged runs does not match a reference that trains: its part reads "not at this
+scale", whatever the loss says. Otherwise (at least 6 pairs, as each arm fails at most once) each part's word comes
+from its own two-sided 1 - ALPHA / 2 t interval (97.5%), Bonferroni over the two: "confirmed" when the interval lies
+at or below +MARGIN, "not at this scale" when wholly above it, "unresolved" when it crosses it. With both gaps at the
+margin the family gives any word from an interval with a chance of at most ALPHA; a false word, which only one side
+can give for a true gap, at most ALPHA / 2:
   O-rezero (Bachlechner et al. 2021, ReZero, against Wang et al. 2022, DeepNorm): post+rezero - deepnorm at most
     +MARGIN.
   O-layerscale (Touvron et al. 2021, LayerScale, against DeepNorm): post+layerscale - deepnorm at most +MARGIN.
-Reported, not tested (8 runs an arm have no power to tell failure rates apart; round 5 tested the scalars' failures
-against Post-LN's): the pilot's mean outcome per arm and lr; each arm's pilot failures per lr and judged failures,
-with their Clopper-Pearson intervals; each arm's outcome per judged seed; round 6's numbers (its committed
+Reported beside the words, deciding nothing more: the pilot's mean outcome per arm and lr and its eligible lrs; each
+arm's pilot failures per lr and judged failures, with their Clopper-Pearson intervals (8 runs an arm cannot tell
+failure rates apart; round 5 tested the scalars' failures against Post-LN's); each arm's final val loss per judged
+seed; round 6's numbers (its committed
 results.json: seeds 30-39, lrs 3e-3 and 1e-2) beside them, for context (other seeds, not a paired comparison).
 """
 
@@ -86,7 +94,6 @@ DEPTH, STEPS, MARGIN = r6.DEPTH, r6.STEPS, r6.MARGIN  # round 6's setting; the p
 LRS = (1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2, 4.8e-2)
 PILOT_SEEDS, SEEDS = (40, 41), tuple(range(50, 58))
 ALPHA = 0.05  # the family's chance of any word with both gaps at the margin
-MIN_PAIRS = 6  # judged seed pairs where both arms trained, of 8, for a part to be read
 TAG = "own_lr"
 REFERENCE = "deepnorm"
 ARMS = {"post+rezero": ["placement=post", "model.branch_scale=rezero"],
@@ -104,9 +111,13 @@ def arm_of(run: dict) -> str | None:
 
 
 def outcome(run: dict) -> float:
-    """What the choice and the parts read: ln V (loss_init) for a failed run (round 6's rule: diverged, crashed, not
+    """What the pilot's choice reads: ln V (loss_init) for a failed run (round 6's rule: diverged, crashed, not
     trained or stalled), otherwise prereg.ended_loss (the final val loss)."""
-    return run["loss_init"] if r6.failed(run) else prereg.ended_loss(run)
+    if not r6.failed(run):
+        return prereg.ended_loss(run)
+    if run.get("loss_init") is None:
+        raise SystemExit(f"{prereg.run_name(run)}: failed, and its summary has no loss_init (ln V) to count it at")
+    return run["loss_init"]
 
 
 def _checked(runs: Runs) -> Runs:
@@ -133,9 +144,10 @@ def _checked(runs: Runs) -> Runs:
 
 
 def choose(runs: Runs) -> dict:
-    """Each arm's lr from the pilot (PILOT_SEEDS): the grid point of lowest mean outcome (a failed or stalled run at
-    ln V; ties to the lower lr), with "edge" when it is the grid's lowest or highest, the pilot's means and failures
-    per lr; an arm without every pilot run stops the choice."""
+    """Each arm's lr from the pilot (PILOT_SEEDS): among the eligible lrs (no failed pilot run at the lr or the next
+    one up) the one of lowest mean outcome (a failed or stalled run at ln V; ties to the lower lr), the grid's lowest
+    when none is eligible; with "edge" when it is the grid's lowest or highest, the pilot's means, failures and
+    eligible lrs. An arm without every pilot run stops the choice."""
     runs, out = _checked(runs), {}
     for a in ARMS:
         cells = {lr: [r for r in runs if arm_of(r) == a and r["seed"] in PILOT_SEEDS and math.isclose(r["lr"], lr)]
@@ -144,9 +156,12 @@ def choose(runs: Runs) -> dict:
                      if len(rs) != len(PILOT_SEEDS)]:
             raise SystemExit(f"the pilot lacks {a} at {', '.join(short)}")
         means = {lr: mean(map(outcome, rs)) for lr, rs in cells.items()}
-        best = min(means, key=means.__getitem__)
+        failed = {lr: sum(map(r6.failed, rs)) for lr, rs in cells.items()}
+        eligible = [lr for i, lr in enumerate(LRS) if not failed[lr] and not (i + 1 < len(LRS) and failed[LRS[i + 1]])]
+        best = min(eligible, key=means.__getitem__) if eligible else LRS[0]
         out[a] = {"lr": best, "edge": best in (LRS[0], LRS[-1]), "pilot": {f"{lr:g}": m for lr, m in means.items()},
-                  "failed": {f"{lr:g}": [sum(map(r6.failed, rs)), len(rs)] for lr, rs in cells.items()}}
+                  "failed": {f"{lr:g}": [failed[lr], len(rs)] for lr, rs in cells.items()},
+                  "eligible": [f"{lr:g}" for lr in eligible]}
     return out
 
 
@@ -175,15 +190,17 @@ def analyze(runs: Runs) -> tuple[dict, str]:
         gaps = prereg.diffs(val[arm], val[REFERENCE])
         parts[name] = pre.against(gaps, MARGIN, "at most", ALPHA / len(PARTS))
         text = f"{arm} - {REFERENCE} (the {len(gaps)} seed pairs where both trained)"
-        if len(gaps) < MIN_PAIRS:
-            w = pre.gate("unresolved", tuned[arm], tuned[REFERENCE], trains)
-            verdicts[name] = (w, f"{name}: {len(gaps)} seed pair(s) where both trained (fewer than {MIN_PAIRS})")
+        if failures[arm] > SUFFICES:
+            w = pre.gate("not at this scale", tuned[arm], tuned[REFERENCE], trains)
+            verdicts[name] = (w, f"{name}: {arm} failed in {failures[arm]} of its {len(SEEDS)} judged runs (more than "
+                                 f"{SUFFICES}), DeepNorm in {failures[REFERENCE]}")
         else:
             w = pre.gate(prereg.word(parts[name]), tuned[arm], tuned[REFERENCE], trains)
             verdicts[name] = (w, prereg.interval_line(name, parts[name], text, w, level))
     lr_head = [f"lr {lr:g}" for lr in LRS]
-    pilot = table(["arm", *lr_head, "chosen"],
-                  [[a, *(chosen[a]["pilot"][f"{lr:g}"] for lr in LRS), f"{chosen[a]['lr']:g}"] for a in ARMS])
+    pilot = table(["arm", *lr_head, "eligible", "chosen"],
+                  [[a, *(chosen[a]["pilot"][f"{lr:g}"] for lr in LRS), ", ".join(chosen[a]["eligible"]) or "none",
+                    f"{chosen[a]['lr']:g}"] for a in ARMS])
     pilot_failed = table(["arm", *lr_head], [[a, *(rate_ci(*chosen[a]["failed"][f"{lr:g}"]) for lr in LRS)]
                                              for a in ARMS])
     rows = [[a, f"{chosen[a]['lr']:g}", rate_ci(failures[a], len(SEEDS)), mean(val[a].values()),
@@ -192,9 +209,10 @@ def analyze(runs: Runs) -> tuple[dict, str]:
                         "per seed"], rows)
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
     md = (f"Machine: {runs_machine(runs)}, from {runs_commits(runs)}; L = {DEPTH}, LayerNorm, {STEPS} steps, pilot "
-          f"seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, judged seeds {SEEDS[0]}-{SEEDS[-1]}. A failed "
-          f"run (diverged, crashed, not trained, or stalled within {STALL_MARGIN:g} nats of the unigram loss) counts "
-          f"at ln V.\n\n### Stage 1, the pilot: mean outcome per lr\n\n{pilot}\n\nFailed runs (95% CI):\n\n"
+          f"seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, judged seeds {SEEDS[0]}-{SEEDS[-1]}. A failed run (diverged, "
+          f"crashed, not trained, or stalled within {STALL_MARGIN:g} nats of the unigram loss) counts at ln V in the "
+          "pilot's means; an lr is eligible when no pilot run failed at it or at the next lr up.\n\n"
+          f"### Stage 1, the pilot: mean outcome per lr\n\n{pilot}\n\nFailed runs (95% CI):\n\n"
           f"{pilot_failed}\n\n" + "\n\n".join(pre.line(g) for g in tuned.values())
           + f"\n\n### Stage 2, the judged runs\n\n{judged_tab}\n\n{pre.line(trains)}\n\n"
           f"### Verdicts (rules fixed before the runs; each part on its own {level} interval)\n\n{vt}\n\n"

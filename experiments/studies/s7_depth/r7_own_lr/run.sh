@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # S7 round 7's runs, from the repository root (rules, lr grid and seeds: analyze.py beside this file, which prints
 # each stage's sweeps), in two stages that may run apart, from the same commit:
-#   bash experiments/studies/s7_depth/r7_own_lr/run.sh pilot    # seeds 40-41, every arm at every lr (36 runs, ~2.1 h),
+#   bash experiments/studies/s7_depth/r7_own_lr/run.sh pilot    # seeds 40-41, every arm at every lr (36 runs, ~2.6 h),
 #                                                               # then each arm's lr into choice.json
 #   bash experiments/studies/s7_depth/r7_own_lr/run.sh judged   # each arm's lr chosen again from the pilot's runs,
-#                                                               # seeds 50-57 at it (24 runs, ~1.4 h), the analysis
+#                                                               # seeds 50-57 at it (24 runs, ~1.7 h), the analysis
 #   bash experiments/studies/s7_depth/r7_own_lr/run.sh          # both, one after the other
 # A chosen lr at its grid's edge stops run.sh with one line (exit 1) before any judged run. Two compiled processes of
 # one torch thread side by side (JOBS=1 for one). Every run has its own folder, named by its lr and seed, and a
