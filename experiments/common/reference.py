@@ -40,8 +40,9 @@ from minillm.model import ModelConfig, Transformer
 _TOKENS: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
 
 
-def compose(*overrides: str) -> Any:
-    """configs/train.yaml composed with ``overrides`` (the job config train.py gets, without Hydra's runtime)."""
+def compose(*overrides: str, hydra: bool = False) -> Any:
+    """configs/train.yaml composed with ``overrides`` (the job config train.py gets, without Hydra's runtime), and
+    with Hydra's own node (cfg.hydra: the sweeper's params, a sweep's subdir) when ``hydra``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -50,7 +51,7 @@ def compose(*overrides: str) -> Any:
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ study's ``verdicts.json``: what ``minillm-report --compare`` gives for the same 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import statistics
 import sys
@@ -85,6 +87,15 @@ def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
         write_verdicts(out, engine(runs))
     if plot is not None:
         plot(runs, out)
+
+
+def printed_sweeps(main: Callable[[Sequence[str]], None], stage: str) -> dict[str, list[str]]:
+    """The sweeps a two-stage round's analysis prints for a stage (``--print-sweeps STAGE``), split as its run.sh
+    reads them: each sweep's folder and its overrides."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["--print-sweeps", stage])
+    return {folder: overrides for folder, *overrides in (line.split() for line in out.getvalue().splitlines())}
 
 
 def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool], out: Path | None = None) -> Runs:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.common.reference import compose
 from experiments.common.study import Runs
 from experiments.studies.s12_mup_transfer.r3_fine_grid import analyze as s12
 
@@ -124,20 +125,14 @@ def test_s12_r3_reads_s3s_committed_standard_runs_as_its_premise():
 def test_s12_r3_run_sh_runs_the_rules_arm_grid_widths_and_seeds(tmp_path):
     """run.sh's overrides composed as train.py composes them: the arm the analysis reads, S3's setting, a checkpoint
     on a signal and ckpt_path=auto, each run's folder named by its lr and seed; the seeds it accepts."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     text = (Path(s12.__file__).parent / "run.sh").read_text()
     arm = shlex.split(re.search(r"\nARM=\((.*?)\)\n", text, re.S).group(1).replace("$SEEDS", "0"))
     values = dict(o.split("=", 1) for o in arm if "=" in o)
     assert [float(v) for v in values["optimizer.lr"].split(",")] == list(s12.LRS)
     assert [int(v) for v in re.search(r"for width in ([0-9 ]+); do", text).group(1).split()] == list(s12.WIDTHS)
     assert re.search(r"case \$s in ([0-9|]+)\)", text).group(1).split("|") == [str(s) for s in s12.SEEDS]
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[4] / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[*(o.split(",")[0] if o.startswith("optimizer.lr") else o for o in arm),
-                                          "model.dim=64", f"paths.log_dir={tmp_path}"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    cfg = compose(*(o.split(",")[0] if o.startswith("optimizer.lr") else o for o in arm), "model.dim=64",
+                  f"paths.log_dir={tmp_path}", hydra=True)
     run = {"name": cfg.name, "norm": cfg.model.norm, "qk_norm": cfg.model.qk_norm, "z_loss": cfg.module.z_loss,
            "parametrization": cfg.model.parametrization}
     assert s12.arm_of(run) == "mup" and run["name"] == s12.TAG and cfg.model.mup_base_width == s12.BASE

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.common.reference import compose
 from experiments.common.study import Runs
 from experiments.studies.s13_ngpt.r2_steps_to_target import analyze as r2
 
@@ -204,16 +205,9 @@ def _run_sh_sweeps() -> dict[str, list[str]]:
 def test_s13_r2_run_sh_composes_each_arms_settings_and_continues_where_it_stopped(tmp_path):
     """run.sh's pilot sweeps compose (as train.py composes them) to each arm's settings as ARMS checks them, with
     the tag, a checkpoint on a signal and ckpt_path=auto, each run in a folder named by its settings."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     sweeps = _run_sh_sweeps()
     assert set(sweeps) == {"pilot_baseline", "pilot_ngpt"}
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[4] / "configs"), version_base="1.3"):
-        cfgs = {k: compose("train", overrides=[*v, f"paths.log_dir={tmp_path}"], return_hydra_config=True)
-                for k, v in sweeps.items()}
-    GlobalHydra.instance().clear()
+    cfgs = {k: compose(*v, f"paths.log_dir={tmp_path}", hydra=True) for k, v in sweeps.items()}
     for name, cfg in cfgs.items():
         arm = r2.ARMS["ngpt" if "ngpt" in name else "baseline"]
         assert cfg.model.norm == arm["norm"]

@@ -15,7 +15,8 @@ import pytest
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
-from experiments.common.study import Runs
+from experiments.common.reference import compose
+from experiments.common.study import Runs, printed_sweeps
 from experiments.studies.s7_depth.r7_own_lr import analyze as r7
 
 BASE, LN_V, UNIGRAM = 1.78, 4.48, 3.26
@@ -186,27 +187,15 @@ def test_s7_r7_runs_it_cannot_read_stop_the_analysis():
 
 def _compose(stage: str, tmp_path: Path) -> dict:
     """The stage's sweeps (--print-sweeps) composed as run.sh's train.py composes them (each sweep's first value)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     text = (Path(r7.__file__).parent / "run.sh").read_text()
     shared = ["experiment=s7_depth", "model.n_layers=48", "trainer.max_steps=900", "model.compile=true",
               f"tags=[{r7.TAG}]", "callbacks=[stability,preemption]", "callbacks.stability.every_n_steps=50",
               "ckpt_path=auto", "threads=1"]
     assert all(o in text for o in shared) and f"'tags=[{r7.TAG}]'" in text
     shared.append(re.search(r"'(hydra\.sweep\.subdir=[^']*)'", text).group(1))
-    lines = []
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr("builtins.print", lambda *a: lines.append(a))
-        r7.main(["--print-sweeps", stage])
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[4] / "configs"), version_base="1.3"):
-        cfgs = {folder: (overrides, compose("train", overrides=[*shared, *(o.split(",")[0] for o in overrides),
-                                                                 f"paths.log_dir={tmp_path}"],
-                                            return_hydra_config=True))
-                for folder, *overrides in lines}
-    GlobalHydra.instance().clear()
-    return cfgs
+    return {folder: (overrides, compose(*shared, *(o.split(",")[0] for o in overrides), f"paths.log_dir={tmp_path}",
+                                        hydra=True))
+            for folder, overrides in printed_sweeps(r7.main, stage).items()}
 
 
 def test_s7_r7_the_pilots_sweeps_compose_to_each_arms_settings_on_the_grid(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 from experiments.common import precondition as pre
 from experiments.common import prereg
-from experiments.common.study import Runs
+from experiments.common.reference import compose
+from experiments.common.study import Runs, printed_sweeps
 from experiments.studies.s8_dyt.r5_recipe import analyze as r5
 
 BASE = 2.10
@@ -177,26 +178,14 @@ def test_s8_r5_saturation_is_the_sites_mean_late_in_training_or_at_the_first_ste
 
 def _compose(stage: str, tmp_path: Path) -> dict:
     """The stage's sweeps (--print-sweeps) composed as run.sh's train.py composes them (each sweep's first value)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     text = (Path(r5.__file__).parent / "run.sh").read_text()
     shared = ["experiment=s8_dyt", "model.init=gpt2", f"tags=[{r5.TAG}]", "callbacks=[stability,preemption]",
               "callbacks.stability.every_n_steps=25", "ckpt_path=auto"]
     assert all(o in text for o in shared[:2] + shared[3:]) and f"'tags=[{r5.TAG}]'" in text
     shared.append(re.search(r"'(hydra\.sweep\.subdir=[^']*)'", text).group(1))
-    lines = []
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr("builtins.print", lambda *a: lines.append(a))
-        r5.main(["--print-sweeps", stage])
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[4] / "configs"), version_base="1.3"):
-        cfgs = {folder: (overrides, compose("train", overrides=[*shared, *(o.split(",")[0] for o in overrides),
-                                                                 f"paths.log_dir={tmp_path}"],
-                                            return_hydra_config=True))
-                for folder, *overrides in lines}
-    GlobalHydra.instance().clear()
-    return cfgs
+    return {folder: (overrides, compose(*shared, *(o.split(",")[0] for o in overrides), f"paths.log_dir={tmp_path}",
+                                        hydra=True))
+            for folder, overrides in printed_sweeps(r5.main, stage).items()}
 
 
 def test_s8_r5_the_pilots_sweeps_compose_to_each_arms_settings_on_the_rules_grids(tmp_path):
