@@ -15,13 +15,19 @@ parameter), the stability callbacks with the probe every 25 steps (norm/<site>/s
 site (the papers tune the one before attention apart). Arms (ARMS, checked on every run): RMSNorm; DyT without the
 embedding scale; DyT and Derf with model.embed_scale=true.
 
-Stage 1, the pilot (seeds PILOT_SEEDS): RMSNorm over LRS, each point-wise arm over LRS x its ALPHA0S (the unscaled
+Stage 1, the pilot (seeds PILOT_SEEDS): RMSNorm over LRS, each point-wise arm over its LRS_OF x ALPHA0S (the unscaled
 DyT's around round 2's best, 0.1: its inputs start at RMS 0.02, where every alpha0 of 0.5 and more left rounds 1-2 at
 the unigram loss; the scaled arms' around the alpha0 that puts |alpha x| where the recipes have it). Each arm's cell is
 the grid point of lower mean loss (prereg.ended_loss) over the pilot seeds, written to choice.json (`--choose
 SWEEP...`; `--print-sweeps judged` then prints the judged sweeps for run.sh). run.sh stops before any judged run when a
 chosen lr or alpha0 lies at its grid's edge: that grid is widened in a new pre-registration commit while the judged
 seeds are unrun.
+Widened after the pilot, before any judged run (the amendment commit; the rule above, applied): the pilot chose DyT's
+lr at its grid's top (3e-2 with alpha0 0.1, a mean of 2.204 against 2.405 at 1e-2) and DyT+scale's alpha0 at its
+grid's top (8 at lr 3e-3, 2.221 against 2.237 at 4), so run.sh stopped before the judged runs. DyT's lrs (LRS_OF) gain
+1e-1 and 3e-1 and DyT+scale's alpha0s gain 16 and 32; RMSNorm's and Derf+scale's grids and every other rule stay. The
+128 pilot runs of the first grids stand (from 2af5528); the 36 added cells run from the amendment commit, and each
+arm's cell is chosen again over its widened grid by the same rule.
 Stage 2, the judged runs (seeds SEEDS, disjoint from the pilot's, one run per arm and seed): each arm at its cell.
 A seed's arms share their initial weights and data order (the norms and the embedding scale draw nothing).
 Every run enters as it ended: a diverged or crashed run at ln V, a completed one at its final val loss; a run stopped
@@ -31,7 +37,7 @@ runs of one arm, cell and seed, pilot runs off their grid, runs at other seeds a
     bash experiments/studies/s8_dyt/r5_recipe/run.sh      # pilot, choice, judged runs, analysis
 
 Compute: 128 pilot runs and 32 judged runs of 410k tokens at round 4's ~30 s of training and ~10 s of start-up
-each, two processes side by side: ~55 min.
+each, two processes side by side: ~55 min (the first grids' pilot took 32 min); the widening's 36 pilot runs ~10 min.
 
 Premises (per part; an absent one makes the part "premise absent at this scale"):
   tuned: every arm the part compares has its chosen lr and alpha0 inside their grids.
@@ -74,8 +80,9 @@ CHOICE = HERE / "choice.json"
 # --- fixed before the runs ---------------------------------------------------------------------------------
 STEPS, LATE = 400, 0.75
 LRS = (1e-3, 3e-3, 1e-2, 3e-2)
-ALPHA0S = {"dyt": (0.025, 0.05, 0.1, 0.2, 0.4), "dyt+scale": (0.5, 1.0, 2.0, 4.0, 8.0),
-           "derf+scale": (0.5, 1.0, 2.0, 4.0, 8.0)}  # the point-wise arms' alpha0 grids
+ALPHA0S = {"dyt": (0.025, 0.05, 0.1, 0.2, 0.4), "dyt+scale": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+           "derf+scale": (0.5, 1.0, 2.0, 4.0, 8.0)}  # the point-wise arms' alpha0 grids (dyt+scale's widened)
+LRS_OF = {"rmsnorm": LRS, "dyt": (*LRS, 1e-1, 3e-1), "dyt+scale": LRS, "derf+scale": LRS}  # (dyt's widened)
 PILOT_SEEDS, SEEDS = (0, 1), tuple(range(20, 28))
 PARITY = 0.03  # nats: S8's parity threshold
 BETTER = 0.01  # nats: "better" by at least this
@@ -110,7 +117,8 @@ def alpha0_of(run: dict) -> float | None:
 
 def grid(arm: str) -> list[tuple[float, float | None]]:
     """The arm's pilot cells (lr, alpha0); RMSNorm's alpha0 is None."""
-    return [(lr, None) for lr in LRS] if arm == "rmsnorm" else [(lr, a) for lr in LRS for a in ALPHA0S[arm]]
+    lrs = LRS_OF[arm]
+    return [(lr, None) for lr in lrs] if arm == "rmsnorm" else [(lr, a) for lr in lrs for a in ALPHA0S[arm]]
 
 
 def _at(run: dict, cell: tuple[float, float | None]) -> bool:
@@ -160,7 +168,7 @@ def choose(runs: Runs) -> dict:
                 raise SystemExit(f"the pilot lacks {a} at {describe(cell)}: {len(vals)} of {len(PILOT_SEEDS)} seeds")
             means[cell] = mean(vals)
         lr, alpha0 = min(means, key=means.__getitem__)
-        edge = lr in (LRS[0], LRS[-1]) or (alpha0 is not None and alpha0 in (ALPHA0S[a][0], ALPHA0S[a][-1]))
+        edge = lr in (LRS_OF[a][0], LRS_OF[a][-1]) or (alpha0 is not None and alpha0 in (ALPHA0S[a][0], ALPHA0S[a][-1]))
         out[a] = {"lr": lr, "alpha0": alpha0, "edge": edge, "pilot": {describe(c): m for c, m in means.items()}}
     return out
 
@@ -207,7 +215,7 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     first = {a: mean(saturation(r, late=False) for r in judged if arm_of(r) == a) for a in pointwise}
     cells = lambda a, lr: [chosen[a]["pilot"][describe((lr, x))] for x in ALPHA0S[a]]  # noqa: E731
     pilot = "\n\n".join(f"{a}:\n\n" + table(["lr", *(f"alpha0 {x:g}" for x in ALPHA0S[a])],
-                                                [[f"{lr:g}", *cells(a, lr)] for lr in LRS]) for a in pointwise)
+                                                [[f"{lr:g}", *cells(a, lr)] for lr in LRS_OF[a]]) for a in pointwise)
     base_pilot = table(["arm", *(describe(c) for c in grid("rmsnorm"))],
                        [["rmsnorm", *(chosen["rmsnorm"]["pilot"][describe(c)] for c in grid("rmsnorm"))]])
     rows = [[a, describe((chosen[a]["lr"], chosen[a]["alpha0"])), mean(val[a].values()),
@@ -292,7 +300,7 @@ def sweeps(stage: Sequence[str]) -> None:
     for a, overrides in ARM_OVERRIDES.items():
         folder = a.replace("+", "_")
         if stage == ["pilot"]:
-            grid_ = ["optimizer.lr=" + ",".join(f"{lr:g}" for lr in LRS)]
+            grid_ = ["optimizer.lr=" + ",".join(f"{lr:g}" for lr in LRS_OF[a])]
             if a != "rmsnorm":
                 grid_.append("model.norm_options.alpha0=" + ",".join(f"{x:g}" for x in ALPHA0S[a]))
             print(f"pilot_{folder}", *overrides, *grid_, seeds(PILOT_SEEDS))

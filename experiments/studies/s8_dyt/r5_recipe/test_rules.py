@@ -198,7 +198,7 @@ def test_s8_r5_the_pilots_sweeps_compose_to_each_arms_settings_on_the_rules_grid
         assert list(cfg.tags) == [r5.TAG] and cfg.ckpt_path == "auto" and cfg.callbacks.stability.every_n_steps == 25
         assert cfg.callbacks.preemption._target_.endswith("PreemptionCheckpoint")
         values = dict(o.split("=", 1) for o in overrides)
-        assert [float(v) for v in values["optimizer.lr"].split(",")] == list(r5.LRS)
+        assert [float(v) for v in values["optimizer.lr"].split(",")] == list(r5.LRS_OF[arm])
         assert values["seed"] == ",".join(map(str, r5.PILOT_SEEDS))
         if arm != "rmsnorm":
             assert [float(v) for v in values["model.norm_options.alpha0"].split(",")] == list(r5.ALPHA0S[arm])
@@ -222,13 +222,26 @@ def test_s8_r5_choose_writes_each_arms_cell_and_the_judged_sweeps_read_it(tmp_pa
         {"judged_rmsnorm": (3e-3, None, 20), "judged_dyt": (3e-3, 0.2, 20), "judged_dyt_scale": (3e-3, 2.0, 20),
          "judged_derf_scale": (3e-3, 2.0, 20)}
     assert all(dict(o.split("=", 1) for o in ov)["seed"] == ",".join(map(str, r5.SEEDS)) for ov, _ in cfgs.values())
-    with pytest.raises(SystemExit, match=r"grid's edge for dyt lr 0.03, alpha0 0.2 \(choice.json\): widen"):
+    with pytest.raises(SystemExit, match=r"grid's edge for dyt lr 0.3, alpha0 0.2 \(choice.json\): widen"):
         for r in (p / "summary.json" for p in pilot.iterdir()):
             s = json.loads(r.read_text())
             s["final_val_loss"] -= 0.5 * (s["norm"] == "dyt" and not s["settings"]["model"]["embed_scale"]
-                                          and s["lr"] == 3e-2 and s["norm_options"]["alpha0"] == 0.2)
+                                          and s["lr"] == 3e-1 and s["norm_options"]["alpha0"] == 0.2)
             r.write_text(json.dumps(s))
         r5.main(["--choose", str(pilot)])
+
+
+def test_s8_r5_the_widened_grids_move_their_edges():
+    """After the first pilot: DyT's lr grid reaches 3e-1 and DyT+scale's alpha0 grid 32, so their first grids' tops
+    (3e-2, 8) are inside; the other arms keep their grids."""
+    assert r5.LRS_OF["dyt"] == (*r5.LRS, 1e-1, 3e-1) and r5.ALPHA0S["dyt+scale"][-2:] == (16.0, 32.0)
+    assert all(r5.LRS_OF[a] == r5.LRS for a in ("rmsnorm", "dyt+scale", "derf+scale"))
+    assert r5.ALPHA0S["derf+scale"] == (0.5, 1.0, 2.0, 4.0, 8.0)
+    choice = r5.choose(_runs({}, best={"dyt": (3e-2, 0.1), "dyt+scale": (3e-3, 8.0)}))
+    assert {a: (c["lr"], c["alpha0"], c["edge"]) for a, c in choice.items() if a in ("dyt", "dyt+scale")} == \
+        {"dyt": (3e-2, 0.1, False), "dyt+scale": (3e-3, 8.0, False)}
+    choice = r5.choose(_runs({}, best={"dyt": (3e-1, 0.1), "dyt+scale": (3e-3, 32.0)}))
+    assert choice["dyt"]["edge"] and choice["dyt+scale"]["edge"]
 
 
 def test_s8_r5_plot_and_engine_run_on_the_made_up_runs(tmp_path):
