@@ -11,7 +11,7 @@ import pytest
 from experiments.common import prereg
 from experiments.common.layout import STUDIES, analyses
 
-PREREGISTERED: tuple[str, ...] = ("s7_depth/r7_own_lr", "s8_dyt/r5_recipe", "s12_mup_transfer/r3_fine_grid")
+PREREGISTERED: tuple[str, ...] = ("s7_depth/r7_own_lr", "s12_mup_transfer/r3_fine_grid")
 
 
 def test_preregistered_rounds_say_so_and_are_not_analyses_yet():

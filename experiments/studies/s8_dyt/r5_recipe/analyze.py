@@ -283,7 +283,8 @@ def plot(runs: Runs, out: Path) -> None:
                              color=f"C{i}", alpha=0.5, label=a if k == 0 else None)
     axes[2].axhline(0.01, color="C3", ls="--", lw=1, label="the premise's 1%")
     axes[2].axvline(LATE * STEPS, color="grey", lw=0.8)
-    axes[2].set(xlabel="step", ylabel="share of inputs with |alpha x| >= 1", yscale="symlog",
+    axes[2].set_yscale("symlog", linthresh=0.01)
+    axes[2].set(xlabel="step", ylabel="share of inputs with |alpha x| >= 1", ylim=(0, 1.05),
                 title="saturation over training (every site), judged seeds")
     axes[2].legend(fontsize=8)
     save(fig, out / "recipe.png")
