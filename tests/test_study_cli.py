@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common.study import analysis_main
+from experiments.common.study import analysis_main, printed_sweeps
 
 STAGES = {"experiments.studies.s13_ngpt.r1_budgets.analyze": ("--choose-lr",),
           "experiments.studies.s13_ngpt.r2_steps_to_target.analyze": ("--choose-lr",),
@@ -39,3 +39,14 @@ def test_a_stage_named_like_the_analysiss_own_argument_is_refused():
     with pytest.raises(ValueError, match="--sweeps would take the place of the analysis's own argument"):
         analysis_main("doc", Path("."), lambda _: True, print, None, ["--sweeps", "pilot"],
                       stages={"--sweeps": ("a stage's sweeps", print)})
+
+
+def test_printed_sweeps_are_split_as_run_sh_reads_them_and_a_folder_printed_twice_is_refused():
+    def main(lines):
+        return lambda argv: print(*lines.get(argv[1], []), sep="\n")
+    printed = {"pilot": ["pilot_a norm=dyt optimizer.lr=0.001,0.003 seed=0,1", "", "pilot_b norm=rmsnorm seed=0,1"]}
+    assert printed_sweeps(main(printed), "pilot") == {"pilot_a": ["norm=dyt", "optimizer.lr=0.001,0.003", "seed=0,1"],
+                                                       "pilot_b": ["norm=rmsnorm", "seed=0,1"]}
+    printed["pilot"].append("pilot_a norm=derf seed=0,1")
+    with pytest.raises(ValueError, match="prints the folder pilot_a twice"):
+        printed_sweeps(main(printed), "pilot")

@@ -92,10 +92,14 @@ def analysis_main(doc: str, folder: Path, metrics: Callable[[str], bool],
 def printed_sweeps(main: Callable[[Sequence[str]], None], stage: str) -> dict[str, list[str]]:
     """The sweeps a two-stage round's analysis prints for a stage (``--print-sweeps STAGE``), split as its run.sh
     reads them: each sweep's folder and its overrides."""
-    out = io.StringIO()
+    out, sweeps = io.StringIO(), {}
     with contextlib.redirect_stdout(out):
         main(["--print-sweeps", stage])
-    return {folder: overrides for folder, *overrides in (line.split() for line in out.getvalue().splitlines())}
+    for folder, *overrides in (line.split() for line in out.getvalue().splitlines() if line.strip()):
+        if folder in sweeps:
+            raise ValueError(f"--print-sweeps {stage} prints the folder {folder} twice: its runs would share it")
+        sweeps[folder] = overrides
+    return sweeps
 
 
 def load(folder: Path, sweep_dirs: Sequence[str], metrics: Callable[[str], bool], out: Path | None = None) -> Runs:

@@ -26,8 +26,8 @@ Widened after the pilot, before any judged run (the amendment commit; the rule a
 lr at its grid's top (3e-2 with alpha0 0.1, a mean of 2.204 against 2.405 at 1e-2) and DyT+scale's alpha0 at its
 grid's top (8 at lr 3e-3, 2.221 against 2.237 at 4), so run.sh stopped before the judged runs. DyT's lrs (LRS_OF) gain
 1e-1 and 3e-1 and DyT+scale's alpha0s gain 16 and 32; RMSNorm's and Derf+scale's grids and every other rule stay. The
-128 pilot runs of the first grids stand (from 2af5528); the 36 added cells run from the amendment commit, and each
-arm's cell is chosen again over its widened grid by the same rule.
+128 pilot runs of the first grids stand (from 2af5528); the 18 added cells (36 runs) run from the amendment commit,
+and each arm's cell is chosen again over its widened grid by the same rule.
 Stage 2, the judged runs (seeds SEEDS, disjoint from the pilot's, one run per arm and seed): each arm at its cell.
 A seed's arms share their initial weights and data order (the norms and the embedding scale draw nothing).
 Every run enters as it ended: a diverged or crashed run at ln V, a completed one at its final val loss; a run stopped
@@ -37,7 +37,7 @@ runs of one arm, cell and seed, pilot runs off their grid, runs at other seeds a
     bash experiments/studies/s8_dyt/r5_recipe/run.sh      # pilot, choice, judged runs, analysis
 
 Compute: 128 pilot runs and 32 judged runs of 410k tokens at round 4's ~30 s of training and ~10 s of start-up
-each, two processes side by side: ~55 min (the first grids' pilot took 32 min); the widening's 36 pilot runs ~10 min.
+each, two processes side by side: ~55 min (the first grids' pilot took 31 min); the widening's 36 pilot runs ~10 min.
 
 Premises (per part; an absent one makes the part "premise absent at this scale"):
   tuned: every arm the part compares has its chosen lr and alpha0 inside their grids.
@@ -224,9 +224,9 @@ def analyze(runs: Runs) -> tuple[dict, str]:
     vt = table(["hypothesis", "verdict", "numbers"], [[k, w, why] for k, (w, why) in verdicts.items()])
     md = (f"Machine: {runs_machine(runs)}, from {runs_commits(runs)}; pilot seeds {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]}, "
           f"judged seeds {SEEDS[0]}-{SEEDS[-1]}, {STEPS} steps, init gpt2.\n\n"
-          f"### Stage 1, the pilot: mean final val loss (failures at ln V)\n\n{base_pilot}\n\n{pilot}\n\n"
+          f"### Stage 1, the pilot: mean final val loss (diverged or crashed at ln V)\n\n{base_pilot}\n\n{pilot}\n\n"
           + "\n\n".join(pre.line(g) for g in tuned.values())
-          + "\n\n### Stage 2, the judged runs (failures at ln V)\n\n"
+          + "\n\n### Stage 2, the judged runs (diverged or crashed at ln V)\n\n"
           f"{table(['arm', 'cell', 'val loss (mean)', 'saturated, first step', 'saturated, late', 'per seed'], rows)}"
           f"\n\n{pre.line(squashing)}\n\n"
           f"### Verdicts (rules fixed before the runs; each part on its own {level} interval)\n\n{vt}\n\n"
